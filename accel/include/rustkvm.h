@@ -1,0 +1,103 @@
+/*
+ * rustkvm: the C ABI between QEMU and the Rust accelerator library.
+ *
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ *
+ * This file is the single C view of the functions librustkvm_accel.a exports
+ * (accel/src/ffi.rs). The Rust build runs bindgen over it and refuses to
+ * compile when a declaration here and a Rust definition disagree, so the two
+ * cannot drift. scripts/build-qemu.sh copies it into the QEMU tree as
+ * include/system/rustkvm.h.
+ *
+ * Routing functions return a RUSTKVM_* result: UNHANDLED means "do what TCG
+ * does", so a hook that Rust does not claim costs one call and changes
+ * nothing. No function here panics or unwinds into C.
+ */
+#ifndef RUSTKVM_H
+#define RUSTKVM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Routing results. */
+/** Rust did not claim the access: fall back to TCG's behaviour. */
+#define RUSTKVM_UNHANDLED 0u
+/** Rust handled the access; out-parameters are filled. */
+#define RUSTKVM_HANDLED 1u
+/** Rust handled the access and it faults: x86 #GP(0), arm64 UNDEFINED. */
+#define RUSTKVM_FAULT 2u
+
+/* Target architectures, as passed to rustkvm_machine_init(). */
+#define RUSTKVM_ARCH_X86_64 1u
+#define RUSTKVM_ARCH_AARCH64 2u
+
+/* rustkvm_machine_init() return values. */
+#define RUSTKVM_OK 0
+/** The architecture number is not one of RUSTKVM_ARCH_*. */
+#define RUSTKVM_EINVAL_ARCH -1
+/** max_cpus is 0 or above RUSTKVM_MAX_VCPUS. */
+#define RUSTKVM_EINVAL_CPUS -2
+/** A machine was already initialised in this process. */
+#define RUSTKVM_EBUSY -3
+
+/** Largest vCPU count a rustkvm machine accepts (QEMU's x86 limit). */
+#define RUSTKVM_MAX_VCPUS 4096u
+
+/** Opaque per-vCPU state owned by Rust. */
+typedef struct RustkvmVcpu RustkvmVcpu;
+
+/** Machine-wide options, from -accel rustkvm,... properties. */
+typedef struct RustkvmConfig {
+    /** RUSTKVM_ARCH_*. */
+    uint32_t arch;
+    /** Highest number of vCPUs the machine can have (-smp maxcpus). */
+    uint32_t max_cpus;
+    /** -accel rustkvm,stats=on: print per-vCPU routing counts at exit. */
+    bool stats;
+} RustkvmConfig;
+
+/* Lifecycle (main thread, BQL held). */
+/** Create the machine's Rust state; RUSTKVM_OK or a negative RUSTKVM_E*. */
+int32_t rustkvm_machine_init(const RustkvmConfig *config);
+/** Human-readable text for a rustkvm_machine_init() error (static string). */
+const char *rustkvm_strerror(int32_t err);
+/** Called once at QEMU exit: prints statistics when asked for, frees state. */
+void rustkvm_machine_exit(void);
+/** Create vCPU `index` (cpu_index); NULL if the index is out of range or taken. */
+RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
+/** Architectural reset of a vCPU (cold reset, system_reset). */
+void rustkvm_vcpu_reset(RustkvmVcpu *vcpu);
+/** Destroy a vCPU (unplug, or exit); `vcpu` may be NULL. */
+void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
+
+/* x86 routing points (vCPU thread). */
+/**
+ * CPUID leaf/subleaf: regs[0..4] = EAX, EBX, ECX, EDX as TCG computed them;
+ * Rust may rewrite them and returns HANDLED when it did.
+ */
+uint32_t rustkvm_x86_cpuid(RustkvmVcpu *vcpu, uint32_t leaf, uint32_t subleaf,
+                           uint32_t regs[4]);
+/** RDMSR `index`: HANDLED fills *value, FAULT raises #GP(0). */
+uint32_t rustkvm_x86_rdmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t *value);
+/** WRMSR `index` = value: HANDLED consumes it, FAULT raises #GP(0). */
+uint32_t rustkvm_x86_wrmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t value);
+/** RDPMC with ECX = ecx, after the CR4.PCE/CPL check: HANDLED fills *value. */
+uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
+
+/* arm64 routing points (vCPU thread). */
+/**
+ * HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =
+ * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3.
+ */
+uint32_t rustkvm_arm_hvc_smc(RustkvmVcpu *vcpu, bool is_smc, uint64_t regs[8]);
+/**
+ * MRS of a PMU system register, encoded as in KVM's sys_reg():
+ * op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2. HANDLED fills *value.
+ */
+uint32_t rustkvm_arm_pmu_read(RustkvmVcpu *vcpu, uint32_t encoding,
+                              uint64_t *value);
+/** MSR of a PMU system register (encoding as for rustkvm_arm_pmu_read). */
+uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
+                               uint64_t value);
+
+#endif /* RUSTKVM_H */

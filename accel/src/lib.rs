@@ -1,0 +1,21 @@
+//! rustkvm's accelerator library.
+//!
+//! Pure Rust models of what a KVM guest sees (PMU, steal time, pvclock,
+//! timers, hypercalls) live in modules that know nothing of QEMU and are
+//! unit-tested alone; [`ffi`] is the thin C ABI that QEMU's `-accel rustkvm`
+//! glue calls (declared for C in `include/rustkvm.h`).
+//!
+//! Layering:
+//! - [`vm`]: the machine ([`vm::Vm`]) and its registry of vCPUs.
+//! - [`vcpu`]: one vCPU's state and the routing points QEMU calls on it.
+//! - [`ffi`]: `extern "C"` entry points; no panic crosses them.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod error;
+pub mod ffi;
+pub mod vcpu;
+pub mod vm;
+
+pub use error::AccelError;
+pub use vcpu::{Route, RouteCounts, Vcpu, VcpuState};
+pub use vm::{Arch, Vm, VmConfig};

@@ -1,0 +1,206 @@
+//! One vCPU: its saved state and the routing points QEMU calls on it.
+//!
+//! Every routing point answers with a [`Route`]. Until a feature claims an
+//! access (PMU, steal time, kvmclock, hypercalls: later issues), the answer is
+//! [`Route::Unhandled`] and QEMU does exactly what TCG does.
+
+use std::fmt;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::vm::Arch;
+
+/// The answer of a routing point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<T> {
+    /// Not claimed by rustkvm: TCG's behaviour applies.
+    Unhandled,
+    /// Claimed; the access completes with this result.
+    Handled(T),
+    /// Claimed and faults: #GP(0) on x86, UNDEFINED on arm64.
+    Fault,
+}
+
+/// How often each routing point was reached on one vCPU (`stats=on`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// x86 CPUID instructions.
+    pub cpuid: u64,
+    /// x86 RDMSR instructions.
+    pub rdmsr: u64,
+    /// x86 WRMSR instructions.
+    pub wrmsr: u64,
+    /// x86 RDPMC instructions that passed the CR4.PCE/CPL check.
+    pub rdpmc: u64,
+    /// arm64 HVC/SMC calls on the PSCI conduit.
+    pub hvc_smc: u64,
+    /// arm64 PMU system register reads.
+    pub pmu_read: u64,
+    /// arm64 PMU system register writes.
+    pub pmu_write: u64,
+}
+
+impl fmt::Display for RouteCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hvc_smc={} pmu_read={} pmu_write={}",
+            self.cpuid,
+            self.rdmsr,
+            self.wrmsr,
+            self.rdpmc,
+            self.hvc_smc,
+            self.pmu_read,
+            self.pmu_write
+        )
+    }
+}
+
+/// Per-vCPU state, plain data so that QEMU can describe it with a
+/// VMStateDescription for savevm/loadvm and migration.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VcpuState {
+    /// Architectural resets seen since creation.
+    pub resets: u64,
+    /// Routing-point hits since creation.
+    pub routes: RouteCounts,
+}
+
+/// One vCPU of a [`crate::Vm`].
+#[derive(Debug)]
+pub struct Vcpu {
+    index: u32,
+    arch: Arch,
+    // Touched by the vCPU's own thread on every routed access and, rarely, by
+    // the main thread (introspection, exit report): never contended in practice.
+    state: Mutex<VcpuState>,
+}
+
+impl Vcpu {
+    /// A vCPU in its creation state.
+    pub fn new(index: u32, arch: Arch) -> Self {
+        Vcpu {
+            index,
+            arch,
+            state: Mutex::new(VcpuState::default()),
+        }
+    }
+
+    /// QEMU's `cpu_index`.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The guest architecture.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// A copy of the state.
+    pub fn state(&self) -> VcpuState {
+        *self.state.lock()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VcpuState> {
+        self.state.lock()
+    }
+
+    /// Architectural reset. Statistics survive resets; guest-visible state
+    /// added by later features is reset here.
+    pub fn reset(&self) {
+        self.lock().resets += 1;
+    }
+
+    /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
+    pub fn cpuid(&self, _leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
+        self.lock().routes.cpuid += 1;
+        Route::Unhandled
+    }
+
+    /// RDMSR.
+    pub fn rdmsr(&self, _index: u32) -> Route<u64> {
+        self.lock().routes.rdmsr += 1;
+        Route::Unhandled
+    }
+
+    /// WRMSR.
+    pub fn wrmsr(&self, _index: u32, _value: u64) -> Route<()> {
+        self.lock().routes.wrmsr += 1;
+        Route::Unhandled
+    }
+
+    /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
+    pub fn rdpmc(&self, _ecx: u32) -> Route<u64> {
+        self.lock().routes.rdpmc += 1;
+        Route::Unhandled
+    }
+
+    /// HVC/SMC with x0..x7; a handled call returns x0..x3.
+    pub fn hvc_smc(&self, _is_smc: bool, _regs: [u64; 8]) -> Route<[u64; 4]> {
+        self.lock().routes.hvc_smc += 1;
+        Route::Unhandled
+    }
+
+    /// MRS of a PMU system register (KVM `sys_reg()` encoding).
+    pub fn pmu_read(&self, _encoding: u32) -> Route<u64> {
+        self.lock().routes.pmu_read += 1;
+        Route::Unhandled
+    }
+
+    /// MSR of a PMU system register (KVM `sys_reg()` encoding).
+    pub fn pmu_write(&self, _encoding: u32, _value: u64) -> Route<()> {
+        self.lock().routes.pmu_write += 1;
+        Route::Unhandled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_feature_claims_anything_yet() {
+        let v = Vcpu::new(0, Arch::X86_64);
+        assert_eq!(v.cpuid(0x4000_0000, 0, [1, 2, 3, 4]), Route::Unhandled);
+        assert_eq!(v.rdmsr(0x4b56_4d03), Route::Unhandled);
+        assert_eq!(v.wrmsr(0x4b56_4d03, 0x1001), Route::Unhandled);
+        assert_eq!(v.rdpmc(0x4000_0000), Route::Unhandled);
+        let a = Vcpu::new(1, Arch::Aarch64);
+        assert_eq!(
+            a.hvc_smc(false, [0x8000_0000, 0, 0, 0, 0, 0, 0, 0]),
+            Route::Unhandled
+        );
+        assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
+        assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
+    }
+
+    #[test]
+    fn routes_and_resets_are_counted() {
+        let v = Vcpu::new(3, Arch::X86_64);
+        v.reset();
+        v.reset();
+        v.cpuid(0, 0, [0; 4]);
+        v.rdmsr(0x10);
+        v.rdmsr(0x10);
+        v.wrmsr(0x10, 0);
+        v.rdpmc(0);
+        let s = v.state();
+        assert_eq!(s.resets, 2);
+        assert_eq!(
+            s.routes,
+            RouteCounts {
+                cpuid: 1,
+                rdmsr: 2,
+                wrmsr: 1,
+                rdpmc: 1,
+                ..RouteCounts::default()
+            }
+        );
+        assert_eq!(
+            s.routes.to_string(),
+            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hvc_smc=0 pmu_read=0 pmu_write=0"
+        );
+    }
+}

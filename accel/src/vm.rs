@@ -1,0 +1,188 @@
+//! The machine: configuration and the registry of live vCPUs.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::AccelError;
+use crate::vcpu::Vcpu;
+
+/// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
+pub const MAX_VCPUS: u32 = 4096;
+
+/// Guest architecture of the emulator that loaded the library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// `qemu-system-x86_64`.
+    X86_64,
+    /// `qemu-system-aarch64`.
+    Aarch64,
+}
+
+impl Arch {
+    /// Name as in QEMU's target names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+}
+
+/// Machine-wide options (the `-accel rustkvm,...` properties).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Target architecture.
+    pub arch: Arch,
+    /// `-smp maxcpus`.
+    pub max_cpus: u32,
+    /// `stats=on`: report per-vCPU routing counts at exit.
+    pub stats: bool,
+}
+
+impl VmConfig {
+    /// Validate a configuration.
+    pub fn new(arch: Arch, max_cpus: u32, stats: bool) -> Result<Self, AccelError> {
+        if max_cpus == 0 || max_cpus > MAX_VCPUS {
+            return Err(AccelError::InvalidCpuCount(max_cpus));
+        }
+        Ok(VmConfig {
+            arch,
+            max_cpus,
+            stats,
+        })
+    }
+}
+
+/// One guest machine: its configuration and its vCPUs, indexed by QEMU's
+/// `cpu_index`.
+#[derive(Debug)]
+pub struct Vm {
+    config: VmConfig,
+    vcpus: Mutex<Vec<Option<Arc<Vcpu>>>>,
+}
+
+impl Vm {
+    /// A machine with no vCPUs yet.
+    pub fn new(config: VmConfig) -> Self {
+        Vm {
+            config,
+            vcpus: Mutex::new(vec![None; config.max_cpus as usize]),
+        }
+    }
+
+    /// The machine's configuration.
+    pub fn config(&self) -> VmConfig {
+        self.config
+    }
+
+    /// Create vCPU `index`.
+    pub fn create_vcpu(&self, index: u32) -> Result<Arc<Vcpu>, AccelError> {
+        let mut vcpus = self.vcpus.lock();
+        let slot = vcpus
+            .get_mut(index as usize)
+            .ok_or(AccelError::VcpuIndexOutOfRange {
+                index,
+                max_cpus: self.config.max_cpus,
+            })?;
+        if slot.is_some() {
+            return Err(AccelError::VcpuExists(index));
+        }
+        let vcpu = Arc::new(Vcpu::new(index, self.config.arch));
+        *slot = Some(Arc::clone(&vcpu));
+        Ok(vcpu)
+    }
+
+    /// Forget vCPU `index`; returns whether it existed.
+    pub fn remove_vcpu(&self, index: u32) -> bool {
+        let mut vcpus = self.vcpus.lock();
+        vcpus
+            .get_mut(index as usize)
+            .and_then(Option::take)
+            .is_some()
+    }
+
+    /// The live vCPUs, in index order.
+    pub fn vcpus(&self) -> Vec<Arc<Vcpu>> {
+        self.vcpus.lock().iter().flatten().cloned().collect()
+    }
+
+    /// The `stats=on` report: one line per live vCPU.
+    pub fn stats_report(&self) -> String {
+        let mut out = String::new();
+        for vcpu in self.vcpus() {
+            let s = vcpu.state();
+            out += &format!(
+                "rustkvm: {} vcpu {}: resets={} {}\n",
+                self.config.arch.name(),
+                vcpu.index(),
+                s.resets,
+                s.routes
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(n: u32) -> Vm {
+        Vm::new(VmConfig::new(Arch::X86_64, n, false).unwrap())
+    }
+
+    #[test]
+    fn config_rejects_zero_and_too_many_cpus() {
+        assert_eq!(
+            VmConfig::new(Arch::X86_64, 0, false),
+            Err(AccelError::InvalidCpuCount(0))
+        );
+        assert_eq!(
+            VmConfig::new(Arch::Aarch64, MAX_VCPUS + 1, false),
+            Err(AccelError::InvalidCpuCount(MAX_VCPUS + 1))
+        );
+        assert!(VmConfig::new(Arch::Aarch64, MAX_VCPUS, false).is_ok());
+    }
+
+    #[test]
+    fn vcpu_indices_are_bounded_and_unique() {
+        let vm = vm(2);
+        assert!(vm.create_vcpu(0).is_ok());
+        assert_eq!(vm.create_vcpu(0).unwrap_err(), AccelError::VcpuExists(0));
+        assert_eq!(
+            vm.create_vcpu(2).unwrap_err(),
+            AccelError::VcpuIndexOutOfRange {
+                index: 2,
+                max_cpus: 2
+            }
+        );
+        assert!(vm.create_vcpu(1).is_ok());
+        assert_eq!(vm.vcpus().len(), 2);
+    }
+
+    #[test]
+    fn removed_vcpu_index_can_be_reused() {
+        let vm = vm(1);
+        vm.create_vcpu(0).unwrap();
+        assert!(vm.remove_vcpu(0));
+        assert!(!vm.remove_vcpu(0));
+        assert!(!vm.remove_vcpu(7));
+        assert!(vm.create_vcpu(0).is_ok());
+    }
+
+    #[test]
+    fn stats_report_lists_each_vcpu() {
+        let vm = vm(2);
+        let v1 = vm.create_vcpu(1).unwrap();
+        vm.create_vcpu(0).unwrap();
+        v1.reset();
+        assert_eq!(v1.rdmsr(0x10), crate::Route::Unhandled);
+        let report = vm.stats_report();
+        let lines: Vec<&str> = report.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("rustkvm: x86_64 vcpu 0: resets=0 "));
+        assert!(lines[1].starts_with("rustkvm: x86_64 vcpu 1: resets=1 "));
+        assert!(lines[1].contains(" rdmsr=1 "), "{}", lines[1]);
+    }
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build rustkvm's patched QEMU 10.0.x (qemu-system-x86_64 and qemu-system-aarch64)
+# with the Rust accelerator library linked in.
+#
+#   scripts/build-qemu.sh            fetch, patch, configure (when needed), build
+#
+# Everything lives under $RUSTKVM_CACHE (default /var/cache/rustkvm), outside the
+# clone, so every clone shares one source tree, one build directory and one ccache:
+#   src/                 Debian's qemu source package (orig tarball, debian/ tarball)
+#   qemu/src/            the upstream tree with qemu-patches/*.patch applied
+#   qemu/build/          the meson/ninja build directory
+#   ccache/              the compiler cache
+# Nothing is rebuilt when nothing changed; a Rust-only change just relinks.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+bash "$RUSTKVM_ROOT/scripts/deps.sh"
+
+QDIR="$RUSTKVM_CACHE/qemu"
+QSRC="$QDIR/src"
+QBUILD="$QDIR/build"
+mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
+export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
+export CCACHE_MAXSIZE=5G
+
+# ---------------------------------------------------------------- source
+step "QEMU 10.0.x source from Debian (apt-get source qemu)"
+orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+if [ -z "$orig" ]; then
+    (cd "$RUSTKVM_CACHE/src" && apt-get source --download-only qemu >/dev/null 2>&1) \
+        || die "apt-get source qemu failed (is the deb-src entry for trixie reachable?)"
+    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_*.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+    [ -n "$orig" ] || die "apt-get source qemu produced no orig tarball"
+fi
+ver=$(basename "$orig" | sed -E 's/^qemu_([0-9.]+)\+ds\.orig\.tar\.xz$/\1/')
+case "$ver" in
+    10.0.*) ok "upstream QEMU $ver ($(basename "$orig"))" ;;
+    *) die "Debian's source package is QEMU $ver; rustkvm's patches are for 10.0.x" ;;
+esac
+
+# ---------------------------------------------------------------- patches
+step "apply qemu-patches/*.patch"
+patches=("$RUSTKVM_ROOT"/qemu-patches/*.patch)
+key=$( { basename "$orig"; cat "${patches[@]}"; } | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$QDIR/src.key" 2>/dev/null)" != "$key" ]; then
+    tmp="$QDIR/src.new"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    tar --no-same-owner -C "$tmp" -xf "$orig" || die "cannot unpack $orig"
+    top="$tmp/qemu-$ver"
+    [ -d "$top" ] || die "unexpected layout in $orig (no qemu-$ver/)"
+    for p in "${patches[@]}"; do
+        patch -d "$top" -p1 --batch --forward --quiet < "$p" >"$tmp/patch.log" 2>&1 \
+            || { cat "$tmp/patch.log" >&2; die "patch $(basename "$p") does not apply to QEMU $ver"; }
+    done
+    # Copy only what differs, so unchanged files keep their mtimes and ninja rebuilds
+    # just what a patch touched.
+    mkdir -p "$QSRC"
+    rsync -rlc --delete "$top/" "$QSRC/" || die "rsync into $QSRC failed"
+    rm -rf "$tmp"
+    echo "$key" > "$QDIR/src.key"
+    ok "patched tree at $QSRC"
+else
+    ok "patched tree up to date"
+fi
+
+# ---------------------------------------------------------------- rust
+step "cargo build --release (rustkvm accelerator library)"
+(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+mkdir -p "$QBUILD/rustkvm"
+lib_src="$RUSTKVM_ROOT/target/release/librustkvm_accel.a"
+lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
+# Copy only on change: ninja relinks when this file's mtime moves.
+cmp -s "$lib_src" "$lib_dst" 2>/dev/null || cp "$lib_src" "$lib_dst"
+
+# ---------------------------------------------------------------- configure
+CONFIGURE_ARGS=(
+    --target-list=x86_64-softmmu,aarch64-softmmu
+    --without-default-features
+    --enable-system --disable-user --disable-tools
+    --enable-tcg --enable-kvm --enable-plugins
+    --enable-capstone --enable-slirp --enable-fdt=system
+    --disable-docs --disable-install-blobs --disable-download
+    --python=/usr/bin/python3
+    --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu
+    "-Drustkvm_lib=$lib_dst"
+)
+cfgkey=$(printf '%s\n' "$ver" "${CONFIGURE_ARGS[@]}" | sha256sum | cut -d' ' -f1)
+step "configure QEMU"
+if [ ! -f "$QBUILD/build.ninja" ] || [ "$(cat "$QBUILD/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
+    rm -f "$QBUILD/configure.key"
+    (cd "$QBUILD" && "$QSRC/configure" "${CONFIGURE_ARGS[@]}" >configure.log 2>&1) \
+        || { tail -n 30 "$QBUILD/configure.log" >&2; die "QEMU configure failed (log: $QBUILD/configure.log)"; }
+    echo "$cfgkey" > "$QBUILD/configure.key"
+    ok "configured ($QBUILD)"
+else
+    ok "configuration up to date"
+fi
+
+# ---------------------------------------------------------------- build
+step "ninja qemu-system-x86_64 qemu-system-aarch64"
+ninja -C "$QBUILD" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >"$QBUILD/ninja.log" 2>&1 \
+    || { grep -E 'error|FAILED' -A5 "$QBUILD/ninja.log" | head -n 60 >&2; die "QEMU build failed (log: $QBUILD/ninja.log)"; }
+for arch in x86_64 aarch64; do
+    "$QBUILD/qemu-system-$arch" -accel help 2>/dev/null | grep -qx rustkvm \
+        || die "$QBUILD/qemu-system-$arch does not list the rustkvm accelerator"
+    ok "$QBUILD/qemu-system-$arch"
+done

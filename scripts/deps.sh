@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Install everything rustkvm needs on a Debian 12 machine (as root): apt sources,
+# build dependencies for QEMU, firmware packages, Rust targets.
+# Idempotent: a second run with everything present takes a second or two.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+step "apt sources (deb-src trixie for QEMU 10.0, bookworm-backports for meson)"
+SRC=/etc/apt/sources.list.d/rustkvm.sources
+want_src='Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: trixie trixie-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg'
+stamp="$RUSTKVM_CACHE/apt-updated"
+if [ ! -f "$SRC" ] || [ "$(cat "$SRC")" != "$want_src" ]; then
+    printf '%s\n' "$want_src" > "$SRC"
+    rm -f "$stamp"
+fi
+
+PKGS=(
+    build-essential git pkg-config ninja-build ccache flex bison
+    python3 python3-venv python3-pip python3-setuptools python3-wheel
+    libglib2.0-dev libpixman-1-dev libslirp-dev libfdt-dev libcapstone-dev
+    zlib1g-dev libzstd-dev dpkg-dev xz-utils rsync libclang-dev
+    seabios qemu-system-data ipxe-qemu qemu-efi-aarch64
+    gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu
+)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+meson_ok() {
+    local v
+    v=$(/usr/bin/python3 -c 'import mesonbuild.coredata as c; print(c.version)' 2>/dev/null) || return 1
+    dpkg --compare-versions "$v" ge 1.5
+}
+if [ ${#missing[@]} -gt 0 ] || ! meson_ok || [ ! -f "$stamp" ]; then
+    step "apt-get update"
+    apt-get update -qq || die "apt-get update failed"
+    touch "$stamp"
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    step "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        || die "apt-get install failed for: ${missing[*]}"
+fi
+if ! meson_ok; then
+    step "meson >= 1.5 from bookworm-backports"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports meson \
+        || die "could not install meson from bookworm-backports"
+    meson_ok || die "meson >= 1.5 still not importable by /usr/bin/python3"
+fi
+
+step "Rust targets and components"
+need_targets=(x86_64-unknown-none aarch64-unknown-none)
+installed=$(rustup target list --installed)
+for t in "${need_targets[@]}"; do
+    grep -qx "$t" <<<"$installed" || rustup target add "$t" || die "rustup target add $t failed"
+done
+comps=$(rustup component list --installed)
+for c in clippy rustfmt llvm-tools; do
+    grep -q "^$c" <<<"$comps" || rustup component add "$c" || die "rustup component add $c failed"
+done
+ok "dependencies present"

@@ -1,0 +1,11 @@
+# Shared helpers for rustkvm's scripts. Sourced, not run.
+# shellcheck shell=bash
+RUSTKVM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Everything built or downloaded lives outside the clone, so a fresh clone reuses it.
+: "${RUSTKVM_CACHE:=/var/cache/rustkvm}"
+mkdir -p "$RUSTKVM_CACHE"
+export RUSTKVM_ROOT RUSTKVM_CACHE
+_step=""
+step() { _step="$*"; printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+ok() { printf '    %s\n' "$*" >&2; }
+die() { printf 'rustkvm: step "%s" failed: %s\n' "${_step:-?}" "$*" >&2; exit 1; }
