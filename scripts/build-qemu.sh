@@ -22,6 +22,9 @@ QBUILD="$QDIR/build"
 mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
 export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
 export CCACHE_MAXSIZE=5G
+# QEMU's configure pins CC=cc, so meson never adds ccache itself: use Debian's
+# ccache masquerade directory instead.
+export PATH="/usr/lib/ccache:$PATH"
 
 # ---------------------------------------------------------------- source
 step "QEMU 10.0.x source from Debian (apt-get source qemu)"
@@ -55,7 +58,9 @@ if [ "$(cat "$QDIR/src.key" 2>/dev/null)" != "$key" ]; then
     # Copy only what differs, so unchanged files keep their mtimes and ninja rebuilds
     # just what a patch touched.
     mkdir -p "$QSRC"
-    rsync -rlc --delete "$top/" "$QSRC/" || die "rsync into $QSRC failed"
+    # (include/system/rustkvm.h is the Rust side's header, installed below.)
+    rsync -rlc --delete --exclude /include/system/rustkvm.h "$top/" "$QSRC/" \
+        || die "rsync into $QSRC failed"
     rm -rf "$tmp"
     echo "$key" > "$QDIR/src.key"
     ok "patched tree at $QSRC"
@@ -71,6 +76,10 @@ lib_src="$RUSTKVM_ROOT/target/release/librustkvm_accel.a"
 lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
 # Copy only on change: ninja relinks when this file's mtime moves.
 cmp -s "$lib_src" "$lib_dst" 2>/dev/null || cp "$lib_src" "$lib_dst"
+
+# The C view of the library's ABI; accel/build.rs checks it against the Rust side.
+cmp -s "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h" \
+    || cp "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h"
 
 # ---------------------------------------------------------------- configure
 CONFIGURE_ARGS=(
@@ -100,6 +109,15 @@ fi
 step "ninja qemu-system-x86_64 qemu-system-aarch64"
 ninja -C "$QBUILD" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >"$QBUILD/ninja.log" 2>&1 \
     || { grep -E 'error|FAILED' -A5 "$QBUILD/ninja.log" | head -n 60 >&2; die "QEMU build failed (log: $QBUILD/ninja.log)"; }
+# Run from the build directory, QEMU looks for its data and firmware under
+# build/qemu-bundle/<configured path>: point those at Debian's firmware packages
+# (seabios, qemu-system-data, ipxe-qemu) so no -L is needed.
+for fw in /usr/share/qemu /usr/share/seabios /usr/lib/ipxe/qemu; do
+    link="$QBUILD/qemu-bundle$fw"
+    [ -L "$link" ] && continue
+    [ -e "$link" ] && die "$link exists and is not a symlink to $fw"
+    mkdir -p "$(dirname "$link")" && ln -s "$fw" "$link"
+done
 for arch in x86_64 aarch64; do
     "$QBUILD/qemu-system-$arch" -accel help 2>/dev/null | grep -qx rustkvm \
         || die "$QBUILD/qemu-system-$arch does not list the rustkvm accelerator"

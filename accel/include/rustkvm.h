@@ -87,17 +87,20 @@ uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
 /* arm64 routing points (vCPU thread). */
 /**
  * HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =
- * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3.
+ * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3. Any other
+ * result lets QEMU's PSCI implementation answer. (The PMU system register
+ * routing point arrives with the arm64 PMU.)
  */
 uint32_t rustkvm_arm_hvc_smc(RustkvmVcpu *vcpu, bool is_smc, uint64_t regs[8]);
-/**
- * MRS of a PMU system register, encoded as in KVM's sys_reg():
- * op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2. HANDLED fills *value.
+
+/*
+ * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.
+ * rustkvm_enabled() is true once -accel rustkvm has initialised the machine;
+ * tcg_enabled() is true as well, since rustkvm is a TCG subclass.
  */
-uint32_t rustkvm_arm_pmu_read(RustkvmVcpu *vcpu, uint32_t encoding,
-                              uint64_t *value);
-/** MSR of a PMU system register (encoding as for rustkvm_arm_pmu_read). */
-uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
-                               uint64_t value);
+extern bool rustkvm_allowed;
+#define rustkvm_enabled() (rustkvm_allowed)
+/** The Rust vCPU of a CPUState (NULL before the vCPU thread is created). */
+#define RUSTKVM_VCPU(cs) ((RustkvmVcpu *)(cs)->accel)
 
 #endif /* RUSTKVM_H */
