@@ -18,7 +18,8 @@ bash "$RUSTKVM_ROOT/scripts/deps.sh"
 
 QDIR="$RUSTKVM_CACHE/qemu"
 QSRC="$QDIR/src"
-QBUILD="$QDIR/build"
+# RUSTKVM_QEMU_BUILD: another build directory (scripts/bench-build.sh uses one).
+QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
 mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
 export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
 export CCACHE_MAXSIZE=5G

@@ -65,7 +65,7 @@ for t in "${need_targets[@]}"; do
     grep -qx "$t" <<<"$installed" || rustup target add "$t" || die "rustup target add $t failed"
 done
 comps=$(rustup component list --installed)
-for c in clippy rustfmt llvm-tools; do
+for c in clippy rustfmt; do
     grep -q "^$c" <<<"$comps" || rustup component add "$c" || die "rustup component add $c failed"
 done
 ok "dependencies present"

@@ -1,1 +1,60 @@
-//! placeholder
+//! rustkvm's guest test harness.
+//!
+//! A *guest test* is one file in `tests/guests/src/bin/`: a freestanding
+//! program plus `//! rustkvm-test:` metadata lines saying on which
+//! architectures it runs and how ([`GuestTest`]). The runner boots each guest
+//! test on every (architecture, [`Variant`], [`Backend`]) it applies to,
+//! reads the guest's result protocol from the serial console and its exit
+//! status, and reports PASS / FAIL / SKIP(reason) per backend ([`report`]).
+//!
+//! Backends are what later issues compare: plain `tcg`, `rustkvm` (the
+//! emulated KVM) and, with the KVM backend issue, `kvm`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod guest;
+pub mod qemu;
+pub mod report;
+pub mod run;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use guest::GuestTest;
+pub use qemu::{Arch, Backend, Variant};
+pub use run::{Outcome, RunResult, Status};
+
+/// Errors of the harness itself (not of a guest).
+#[derive(Debug, Error)]
+pub enum HarnessError {
+    /// Reading a guest source or spawning a process failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A `//! rustkvm-test:` line could not be understood.
+    #[error("{file}: bad rustkvm-test metadata: {why}")]
+    Metadata {
+        /// The guest source file.
+        file: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A build product is missing.
+    #[error("{0} not found: run {1}")]
+    NotBuilt(PathBuf, &'static str),
+    /// A bad command-line argument to the runner.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// The repository root (this crate lives in `tests/`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}

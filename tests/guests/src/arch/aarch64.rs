@@ -1,0 +1,277 @@
+//! aarch64 guests on QEMU's `virt` machine: entered at EL1 with the MMU off
+//! (`-kernel guest.elf`), PL011 console at 0x0900_0000, exceptions caught
+//! through VBAR_EL1, exit through semihosting (`-semihosting-config
+//! enable=on,target=native`), PSCI through HVC (the virt machine's conduit
+//! without EL2/EL3).
+
+use core::arch::{asm, global_asm};
+
+/// PL011 UART data register on the virt machine.
+const UART_DR: *mut u32 = 0x0900_0000 as *mut u32;
+/// PL011 flag register; bit 5 = transmit FIFO full.
+const UART_FR: *const u32 = 0x0900_0018 as *const u32;
+/// Semihosting SYS_EXIT.
+const SYS_EXIT: u64 = 0x18;
+/// ADP_Stopped_ApplicationExit, the SYS_EXIT reason carrying a status.
+const ADP_STOPPED_APPLICATION_EXIT: u64 = 0x20026;
+/// ESR value meaning "no exception" in the bookkeeping below.
+const NO_FAULT: u64 = u64::MAX;
+
+/// PSCI 0.2 PSCI_VERSION (Arm DEN0022).
+pub const PSCI_VERSION: u32 = 0x8400_0000;
+/// PSCI 0.2 CPU_OFF.
+pub const PSCI_CPU_OFF: u32 = 0x8400_0002;
+/// PSCI 0.2 CPU_ON, SMC64 calling convention.
+pub const PSCI_CPU_ON_64: u32 = 0xc400_0003;
+/// SMCCC_VERSION (Arm DEN0028).
+pub const SMCCC_VERSION: u32 = 0x8000_0000;
+
+global_asm!(
+    r#"
+    .section .text.boot, "ax"
+    .global _start
+_start:
+    ldr x0, =__stack_top
+    mov sp, x0
+    bl guest_cpu_setup
+    ldr x0, =__bss_start
+    ldr x1, =__bss_end
+1:  cmp x0, x1
+    b.hs 2f
+    str xzr, [x0], #8
+    b 1b
+2:  bl guest_main
+3:  wfi
+    b 3b
+
+    /* PSCI CPU_ON entry for secondaries: x0 = context id = stack top */
+    .global guest_secondary_entry
+guest_secondary_entry:
+    mov sp, x0
+    bl guest_cpu_setup
+    bl guest_secondary_main
+4:  wfi
+    b 4b
+
+    /* FP/SIMD on (CPACR_EL1.FPEN = 0b11), exception vectors installed */
+guest_cpu_setup:
+    mov x9, #(3 << 20)
+    msr cpacr_el1, x9
+    ldr x9, =guest_vectors
+    msr vbar_el1, x9
+    isb
+    ret
+
+    .p2align 11
+guest_vectors:
+    .rept 16
+    .p2align 7
+    b guest_exception
+    .endr
+
+guest_exception:
+    sub sp, sp, #16
+    stp x0, x1, [sp]
+    mrs x0, esr_el1
+    adrp x1, guest_fault_esr
+    str x0, [x1, :lo12:guest_fault_esr]
+    adrp x1, guest_recover_pc
+    ldr x0, [x1, :lo12:guest_recover_pc]
+    cbz x0, 5f
+    msr elr_el1, x0
+    str xzr, [x1, :lo12:guest_recover_pc]
+    ldp x0, x1, [sp]
+    add sp, sp, #16
+    eret
+5:  /* unexpected exception: semihosting exit with 0x40 + ESR.EC */
+    mrs x0, esr_el1
+    lsr x0, x0, #26
+    add x0, x0, #0x40
+    adrp x1, guest_exit_block
+    add x1, x1, :lo12:guest_exit_block
+    str x0, [x1, #8]
+    mov x0, #0x18
+    hlt #0xf000
+6:  b 6b
+
+    .section .data
+    .p2align 3
+    .global guest_recover_pc, guest_fault_esr
+guest_recover_pc: .quad 0
+guest_fault_esr:  .quad 0xffffffffffffffff
+guest_exit_block: .quad 0x20026, 0
+
+    .section .bss
+    .p2align 4
+    .skip 64 * 1024
+__stack_top:
+    "#
+);
+
+extern "C" {
+    static mut guest_fault_esr: u64;
+    fn guest_secondary_entry();
+}
+
+/// An exception caught while executing an instruction under [`catch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// ESR_EL1 of the exception.
+    pub esr: u64,
+}
+
+impl Fault {
+    /// The exception class, ESR_EL1[31:26] (0x00 = unknown/UNDEFINED).
+    pub fn ec(&self) -> u8 {
+        (self.esr >> 26) as u8
+    }
+}
+
+fn take_fault() -> Option<Fault> {
+    // SAFETY: the handler writes this only while a caught instruction runs.
+    unsafe {
+        let esr = (&raw const guest_fault_esr).read_volatile();
+        (&raw mut guest_fault_esr).write_volatile(NO_FAULT);
+        (esr != NO_FAULT).then_some(Fault { esr })
+    }
+}
+
+/// Run `$insn` so that an exception it raises resumes after it; evaluates
+/// to `Option<Fault>`.
+#[allow(unused_macros)]
+macro_rules! catch {
+    ($insn:literal $(, $($ops:tt)*)?) => {{
+        // SAFETY: the vector resumes at label 2 when the instruction traps.
+        unsafe {
+            asm!(
+                "adr {tmp}, 2f",
+                "adrp {tmp2}, guest_recover_pc",
+                "str {tmp}, [{tmp2}, :lo12:guest_recover_pc]",
+                $insn,
+                "2:",
+                "adrp {tmp2}, guest_recover_pc",
+                "str xzr, [{tmp2}, :lo12:guest_recover_pc]",
+                tmp = out(reg) _,
+                tmp2 = out(reg) _,
+                $($($ops)*)?
+            );
+        }
+        take_fault()
+    }};
+}
+
+/// Read PMCR_EL0, catching UNDEFINED.
+pub fn read_pmcr() -> Result<u64, Fault> {
+    let v: u64;
+    match catch!("mrs {v}, pmcr_el0", v = lateout(reg) v) {
+        None => Ok(v),
+        Some(f) => Err(f),
+    }
+}
+
+/// Send one byte to the PL011.
+pub fn putc(b: u8) {
+    // SAFETY: the virt machine's PL011 is at this address; MMIO is volatile.
+    unsafe {
+        while UART_FR.read_volatile() & (1 << 5) != 0 {}
+        UART_DR.write_volatile(u32::from(b));
+    }
+}
+
+/// End the guest through semihosting SYS_EXIT with `status`.
+pub fn exit(status: u32) -> ! {
+    let block = [ADP_STOPPED_APPLICATION_EXIT, u64::from(status)];
+    // SAFETY: semihosting call; QEMU reads the parameter block and exits.
+    unsafe {
+        asm!("hlt #0xf000", in("x0") SYS_EXIT, in("x1") block.as_ptr(), options(nostack));
+    }
+    loop {
+        // SAFETY: waiting for an interrupt that never comes.
+        unsafe { asm!("wfi", options(nomem, nostack)) }
+    }
+}
+
+/// An SMCCC/PSCI call through HVC: x0 = function id, x1..x3 = arguments;
+/// returns x0..x3.
+pub fn hvc(func: u32, args: [u64; 3]) -> [u64; 4] {
+    let (r0, r1, r2, r3);
+    // SAFETY: HVC on the PSCI conduit is answered by the hypervisor (QEMU);
+    // SMCCC 1.1 preserves x4-x17.
+    unsafe {
+        asm!(
+            "hvc #0",
+            inout("x0") u64::from(func) => r0,
+            inout("x1") args[0] => r1,
+            inout("x2") args[1] => r2,
+            inout("x3") args[2] => r3,
+            options(nostack)
+        );
+    }
+    [r0, r1, r2, r3]
+}
+
+/// MPIDR_EL1 affinity bits (Aff0..Aff2).
+pub fn mpidr() -> u64 {
+    let v: u64;
+    // SAFETY: reading MPIDR_EL1 at EL1 has no side effects.
+    unsafe { asm!("mrs {}, mpidr_el1", out(reg) v, options(nomem, nostack)) };
+    v & 0xff_ffff
+}
+
+/// MIDR_EL1.
+pub fn midr() -> u64 {
+    let v: u64;
+    // SAFETY: reading MIDR_EL1 at EL1 has no side effects.
+    unsafe { asm!("mrs {}, midr_el1", out(reg) v, options(nomem, nostack)) };
+    v
+}
+
+/// CNTVCT_EL0, the virtual counter.
+pub fn cntvct() -> u64 {
+    let v: u64;
+    // SAFETY: reading the virtual counter has no side effects.
+    unsafe { asm!("isb; mrs {}, cntvct_el0", out(reg) v, options(nomem, nostack)) };
+    v
+}
+
+/// CNTFRQ_EL0, the counter frequency in Hz.
+pub fn cntfrq() -> u64 {
+    let v: u64;
+    // SAFETY: reading CNTFRQ_EL0 has no side effects.
+    unsafe { asm!("mrs {}, cntfrq_el0", out(reg) v, options(nomem, nostack)) };
+    v
+}
+
+/// What a secondary CPU runs after PSCI CPU_ON (set by [`cpu_on`]).
+static mut SECONDARY_WORK: Option<fn()> = None;
+
+/// Stack for the one secondary CPU a guest may start at a time.
+static mut SECONDARY_STACK: [u128; 1024] = [0; 1024];
+
+#[no_mangle]
+extern "C" fn guest_secondary_main() -> ! {
+    // SAFETY: written by `cpu_on` before CPU_ON, read-only afterwards.
+    let work = unsafe { (&raw const SECONDARY_WORK).read_volatile() };
+    if let Some(work) = work {
+        work();
+    }
+    hvc(PSCI_CPU_OFF, [0; 3]);
+    loop {
+        // SAFETY: CPU_OFF does not return; park if it ever did.
+        unsafe { asm!("wfi", options(nomem, nostack)) }
+    }
+}
+
+/// Start the CPU with affinity `mpidr` running `work`, then CPU_OFF.
+/// Returns PSCI's status (0 = SUCCESS).
+pub fn cpu_on(mpidr: u64, work: fn()) -> i64 {
+    // SAFETY: single primary; the secondary reads these after CPU_ON.
+    let stack_top = unsafe {
+        (&raw mut SECONDARY_WORK).write_volatile(Some(work));
+        (&raw mut SECONDARY_STACK)
+            .cast::<u8>()
+            .add(core::mem::size_of::<[u128; 1024]>()) as u64
+    };
+    let entry = guest_secondary_entry as *const () as u64;
+    hvc(PSCI_CPU_ON_64, [mpidr, entry, stack_top])[0] as i64
+}

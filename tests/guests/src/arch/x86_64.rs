@@ -1,0 +1,369 @@
+//! x86_64 guests: PVH boot (32-bit entry from QEMU's `-kernel` loader),
+//! switch to long mode with the low 4 GiB identity-mapped, an IDT whose
+//! handlers can resume after an expected fault, COM1 and `isa-debug-exit`.
+//!
+//! QEMU command line the runner uses: `-kernel guest.elf -serial stdio
+//! -device isa-debug-exit,iobase=0xf4,iosize=4`. Writing `v` to port 0xf4 ends
+//! QEMU with status `(v << 1) | 1`.
+
+use core::arch::{asm, global_asm};
+
+/// COM1 data port.
+const COM1: u16 = 0x3f8;
+/// COM1 line status register; bit 5 = transmit holding register empty.
+const COM1_LSR: u16 = COM1 + 5;
+/// `isa-debug-exit` I/O port (as configured by the runner).
+const DEBUG_EXIT_PORT: u16 = 0xf4;
+/// Vector value meaning "no fault happened" in [`Fault`] bookkeeping.
+const NO_FAULT: u64 = 0xff;
+
+/// #UD, invalid opcode.
+pub const UD_VECTOR: u8 = 6;
+/// #GP, general protection.
+pub const GP_VECTOR: u8 = 13;
+
+global_asm!(
+    r#"
+    .section .note.Xen, "a"
+    .p2align 2
+    .long 4                 /* namesz */
+    .long 8                 /* descsz */
+    .long 18                /* XEN_ELFNOTE_PHYS32_ENTRY */
+    .asciz "Xen"
+    .quad _start32
+
+    .section .text.boot, "ax"
+    .code32
+    .global _start32
+_start32:
+    cli
+    /* zero .bss (page tables and stack live there) */
+    mov $__bss_start, %edi
+    mov $__bss_end, %ecx
+    sub %edi, %ecx
+    xor %eax, %eax
+    cld
+    rep stosb
+    mov $__stack_top, %esp
+
+    /* PML4[0] -> PDPT; PDPT[0..4] -> PD0..PD3; PDs: 2048 x 2 MiB pages = 4 GiB */
+    mov $guest_pdpt, %eax
+    or $3, %eax
+    mov %eax, guest_pml4
+    mov $guest_pdpt, %edi
+    mov $guest_pd, %eax
+    or $3, %eax
+    mov $4, %ecx
+1:  mov %eax, (%edi)
+    add $4096, %eax
+    add $8, %edi
+    loop 1b
+    mov $guest_pd, %edi
+    mov $0x83, %eax
+    mov $2048, %ecx
+2:  mov %eax, (%edi)
+    add $0x200000, %eax
+    add $8, %edi
+    loop 2b
+
+    mov %cr4, %eax
+    or $0x20, %eax          /* CR4.PAE */
+    mov %eax, %cr4
+    mov $guest_pml4, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx   /* IA32_EFER */
+    rdmsr
+    or $0x100, %eax         /* EFER.LME */
+    wrmsr
+    mov %cr0, %eax
+    or $0x80000001, %eax    /* CR0.PG | CR0.PE */
+    mov %eax, %cr0
+    lgdt guest_gdt_ptr
+    ljmp $0x08, $start64
+
+    .code64
+start64:
+    mov $0x10, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    mov %ax, %fs
+    mov %ax, %gs
+    mov $__stack_top, %rsp
+    call guest_init_idt
+    call guest_main
+3:  hlt
+    jmp 3b
+
+    /* exception stubs: push (dummy) error code and vector, then common */
+    .macro ISR n, has_err
+guest_isr\n:
+    .if \has_err == 0
+    push $0
+    .endif
+    push $\n
+    jmp guest_isr_common
+    .endm
+    ISR 0,0; ISR 1,0; ISR 2,0; ISR 3,0; ISR 4,0; ISR 5,0; ISR 6,0; ISR 7,0
+    ISR 8,1; ISR 9,0; ISR 10,1; ISR 11,1; ISR 12,1; ISR 13,1; ISR 14,1; ISR 15,0
+    ISR 16,0; ISR 17,1; ISR 18,0; ISR 19,0; ISR 20,0; ISR 21,1; ISR 22,0; ISR 23,0
+    ISR 24,0; ISR 25,0; ISR 26,0; ISR 27,0; ISR 28,0; ISR 29,1; ISR 30,1; ISR 31,0
+
+guest_isr_common:
+    /* stack: rax, vector, error code, rip, cs, rflags, rsp, ss */
+    push %rax
+    mov 8(%rsp), %rax
+    mov %rax, guest_fault_vector(%rip)
+    mov 16(%rsp), %rax
+    mov %rax, guest_fault_error(%rip)
+    mov guest_recover_rip(%rip), %rax
+    test %rax, %rax
+    jz 4f
+    mov %rax, 24(%rsp)
+    movq $0, guest_recover_rip(%rip)
+    pop %rax
+    add $16, %rsp
+    iretq
+4:  /* unexpected exception: exit with status 0x40 + vector */
+    mov 8(%rsp), %rax
+    add $0x40, %eax
+    mov $0xf4, %dx
+    out %eax, %dx
+5:  hlt
+    jmp 5b
+
+    .section .rodata
+    .p2align 3
+    .global guest_isr_table
+guest_isr_table:
+    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .quad guest_isr\n
+    .endr
+guest_gdt:
+    .quad 0
+    .quad 0x00af9a000000ffff    /* 0x08: 64-bit code */
+    .quad 0x00cf92000000ffff    /* 0x10: data */
+guest_gdt_end:
+guest_gdt_ptr:
+    .word guest_gdt_end - guest_gdt - 1
+    .quad guest_gdt
+
+    .section .data
+    .p2align 3
+    .global guest_recover_rip, guest_fault_vector, guest_fault_error
+guest_recover_rip:  .quad 0
+guest_fault_vector: .quad 0xff
+guest_fault_error:  .quad 0
+
+    .section .bss
+    .p2align 12
+guest_pml4: .skip 4096
+guest_pdpt: .skip 4096
+guest_pd:   .skip 4 * 4096
+guest_idt:  .skip 32 * 16
+    .p2align 4
+    .skip 64 * 1024
+__stack_top:
+    .global guest_idt
+    "#,
+    options(att_syntax)
+);
+
+extern "C" {
+    static guest_isr_table: [u64; 32];
+    static mut guest_idt: [u64; 64];
+    static mut guest_fault_vector: u64;
+    static mut guest_fault_error: u64;
+}
+
+/// Fill the IDT with the 32 exception stubs and load it.
+#[no_mangle]
+extern "C" fn guest_init_idt() {
+    // SAFETY: runs once on the boot CPU before anything else touches the IDT;
+    // the table and the stubs are defined in the boot assembly above.
+    unsafe {
+        let idt = &raw mut guest_idt;
+        let table = &raw const guest_isr_table;
+        for v in 0..32 {
+            let handler = (*table)[v];
+            // 64-bit interrupt gate: selector 0x08, present, DPL 0, type 0xE.
+            let low = (handler & 0xffff)
+                | (0x08 << 16)
+                | (0x8e00 << 32)
+                | ((handler >> 16) & 0xffff) << 48;
+            let high = handler >> 32;
+            (*idt)[2 * v] = low;
+            (*idt)[2 * v + 1] = high;
+        }
+        let ptr: [u16; 5] = {
+            let base = idt as u64;
+            [
+                (32 * 16 - 1) as u16,
+                base as u16,
+                (base >> 16) as u16,
+                (base >> 32) as u16,
+                (base >> 48) as u16,
+            ]
+        };
+        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(readonly, nostack));
+    }
+}
+
+/// An exception caught while executing an instruction under [`catch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// Exception vector (6 = #UD, 13 = #GP, ...).
+    pub vector: u8,
+    /// Error code pushed by the CPU (0 when the vector has none).
+    pub error: u64,
+}
+
+/// Read the fault the last [`catch`]-style instruction raised, if any.
+fn take_fault() -> Option<Fault> {
+    // SAFETY: single-threaded guest; the handler writes these only while the
+    // caught instruction runs.
+    unsafe {
+        let vector = (&raw const guest_fault_vector).read_volatile();
+        let error = (&raw const guest_fault_error).read_volatile();
+        (&raw mut guest_fault_vector).write_volatile(NO_FAULT);
+        (vector != NO_FAULT).then_some(Fault {
+            vector: vector as u8,
+            error,
+        })
+    }
+}
+
+/// Run one instruction `$insn` (with the given asm operands) so that an
+/// exception it raises resumes after it; evaluates to `Option<Fault>`.
+macro_rules! catch {
+    ($insn:literal $(, $($ops:tt)*)?) => {{
+        // SAFETY: the stub in the IDT resumes at label 2 when the instruction
+        // faults; nothing else is touched.
+        unsafe {
+            asm!(
+                "lea {tmp}, [rip + 2f]",
+                "mov [rip + guest_recover_rip], {tmp}",
+                $insn,
+                "2:",
+                "mov qword ptr [rip + guest_recover_rip], 0",
+                tmp = out(reg) _,
+                $($($ops)*)?
+            );
+        }
+        take_fault()
+    }};
+}
+
+/// Write a byte to an I/O port.
+pub fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects visible to Rust.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack)) }
+}
+
+/// Read a byte from an I/O port.
+pub fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: port I/O has no memory effects visible to Rust.
+    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack)) }
+    value
+}
+
+/// Write a 32-bit value to an I/O port.
+pub fn outl(port: u16, value: u32) {
+    // SAFETY: port I/O has no memory effects visible to Rust.
+    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) }
+}
+
+/// Send one byte to COM1.
+pub fn putc(b: u8) {
+    while inb(COM1_LSR) & 0x20 == 0 {}
+    outb(COM1, b);
+}
+
+/// End the guest: QEMU exits with `(status << 1) | 1`.
+pub fn exit(status: u32) -> ! {
+    outl(DEBUG_EXIT_PORT, status);
+    loop {
+        // SAFETY: halting with interrupts off just stops this CPU.
+        unsafe { asm!("cli; hlt", options(nomem, nostack)) }
+    }
+}
+
+/// CPUID `leaf`/`subleaf` → (EAX, EBX, ECX, EDX).
+pub fn cpuid(leaf: u32, subleaf: u32) -> [u32; 4] {
+    let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
+    [r.eax, r.ebx, r.ecx, r.edx]
+}
+
+/// The 12-byte vendor/signature string in EBX, ECX, EDX of a CPUID leaf
+/// (leaf 0 order: EBX, EDX, ECX; hypervisor leaf order: EBX, ECX, EDX).
+pub fn cpuid_string(regs: [u32; 3]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (i, r) in regs.iter().enumerate() {
+        s[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
+    }
+    s
+}
+
+/// RDMSR, catching #GP.
+pub fn rdmsr(index: u32) -> Result<u64, Fault> {
+    let (lo, hi): (u32, u32);
+    match catch!("rdmsr", in("ecx") index, lateout("eax") lo, lateout("edx") hi) {
+        None => Ok(u64::from(hi) << 32 | u64::from(lo)),
+        Some(f) => Err(f),
+    }
+}
+
+/// WRMSR, catching #GP.
+pub fn wrmsr(index: u32, value: u64) -> Result<(), Fault> {
+    match catch!("wrmsr", in("ecx") index, in("eax") value as u32, in("edx") (value >> 32) as u32) {
+        None => Ok(()),
+        Some(f) => Err(f),
+    }
+}
+
+/// RDPMC, catching #UD/#GP.
+pub fn rdpmc(ecx: u32) -> Result<u64, Fault> {
+    let (lo, hi): (u32, u32);
+    match catch!("rdpmc", in("ecx") ecx, lateout("eax") lo, lateout("edx") hi) {
+        None => Ok(u64::from(hi) << 32 | u64::from(lo)),
+        Some(f) => Err(f),
+    }
+}
+
+/// RDTSC.
+pub fn rdtsc() -> u64 {
+    // SAFETY: RDTSC only reads the time-stamp counter.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// VMCALL with KVM's hypercall ABI (nr in RAX, args RBX, RCX, RDX, RSI,
+/// result in RAX), catching #UD.
+pub fn vmcall(nr: u64, args: [u64; 4]) -> Result<u64, Fault> {
+    let ret: u64;
+    // SAFETY: RBX (reserved by LLVM) is saved and restored around the call,
+    // after the recovery label so a fault restores it too.
+    unsafe {
+        asm!(
+            "mov {save}, rbx",
+            "mov rbx, {a0}",
+            "lea {tmp}, [rip + 2f]",
+            "mov [rip + guest_recover_rip], {tmp}",
+            "vmcall",
+            "2:",
+            "mov qword ptr [rip + guest_recover_rip], 0",
+            "mov rbx, {save}",
+            save = out(reg) _,
+            tmp = out(reg) _,
+            a0 = in(reg) args[0],
+            inout("rax") nr => ret,
+            in("rcx") args[1],
+            in("rdx") args[2],
+            in("rsi") args[3],
+        );
+    }
+    match take_fault() {
+        None => Ok(ret),
+        Some(f) => Err(f),
+    }
+}

@@ -1,0 +1,70 @@
+//! rustkvm-test: arch=x86_64,aarch64
+//!
+//! Boots, identifies the CPU and what hypervisor interface it sees, and exits.
+//! The smallest end-to-end check of a backend: serial output, exit status,
+//! and (on every backend) the same answers as plain TCG until a rustkvm
+//! feature is switched on.
+#![no_std]
+#![no_main]
+
+use guest::{arch, println, Test};
+
+guest::entry!(main);
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    println!("# hello from the x86_64 guest");
+    let leaf0 = arch::cpuid(0, 0);
+    let vendor = arch::cpuid_string([leaf0[1], leaf0[3], leaf0[2]]);
+    t.measure(
+        "cpu.vendor",
+        format_args!("{}", core::str::from_utf8(&vendor).unwrap_or("?")),
+    );
+    let leaf1 = arch::cpuid(1, 0);
+    let hypervisor = leaf1[2] & (1 << 31) != 0;
+    t.measure(
+        "cpuid.1.ecx.hypervisor",
+        format_args!("{}", hypervisor as u8),
+    );
+    if hypervisor {
+        let h = arch::cpuid(0x4000_0000, 0);
+        let sig = arch::cpuid_string([h[1], h[2], h[3]]);
+        let sig = core::str::from_utf8(&sig)
+            .unwrap_or("?")
+            .trim_end_matches('\0');
+        t.measure("cpuid.40000000.signature", format_args!("{sig}"));
+        t.measure("cpuid.40000000.eax", format_args!("{:#x}", h[0]));
+    }
+    let efer = arch::rdmsr(0xc000_0080);
+    t.check(
+        "rdmsr-efer-lme",
+        matches!(efer, Ok(v) if v & 0x500 == 0x500),
+        format_args!("{efer:?}"),
+    );
+    let t0 = arch::rdtsc();
+    let t1 = arch::rdtsc();
+    t.check("tsc-advances", t1 > t0, format_args!("{t0} then {t1}"));
+    t.eq("sum-1-to-1000", (1..=1000u64).sum::<u64>(), 500_500);
+}
+
+#[cfg(target_arch = "aarch64")]
+fn main(t: &mut Test) {
+    println!("# hello from the aarch64 guest");
+    t.measure("midr_el1", format_args!("{:#x}", arch::midr()));
+    t.measure("mpidr", format_args!("{:#x}", arch::mpidr()));
+    let psci = arch::hvc(arch::PSCI_VERSION, [0; 3])[0];
+    t.measure(
+        "psci.version",
+        format_args!("{}.{}", psci >> 16, psci & 0xffff),
+    );
+    t.check(
+        "psci-answers",
+        psci >> 16 >= 1,
+        format_args!("PSCI_VERSION = {psci:#x}"),
+    );
+    t.measure("cntfrq", format_args!("{}", arch::cntfrq()));
+    let c0 = arch::cntvct();
+    let c1 = arch::cntvct();
+    t.check("counter-advances", c1 >= c0, format_args!("{c0} then {c1}"));
+    t.eq("sum-1-to-1000", (1..=1000u64).sum::<u64>(), 500_500);
+}

@@ -1,0 +1,157 @@
+//! `rustkvm-run`: boot the bundled guests on every backend and report.
+//!
+//! ```text
+//! rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n]
+//!             [--tap] [--quiet] [FILTER]
+//! ```
+//! Prints a table (test/arch/variant × backend → PASS/FAIL/SKIP(reason)),
+//! what each guest measured under rustkvm, and any line where rustkvm's
+//! answers differ from tcg's. Exits 1 if anything failed or differed.
+
+use std::process::ExitCode;
+
+use rustkvm_tests::report::{self, Selection};
+use rustkvm_tests::{guest, Arch, Backend, HarnessError, RunResult, Variant};
+
+fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
+    let mut sel = Selection {
+        arches: Vec::new(),
+        backends: Vec::new(),
+        variants: Vec::new(),
+        ..Selection::default()
+    };
+    let (mut tap, mut quiet) = (false, false);
+    let mut args = std::env::args().skip(1);
+    let usage = |m: String| HarnessError::Usage(m);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .ok_or_else(|| usage(format!("{name} needs a value")))
+        };
+        match a.as_str() {
+            "--arch" => {
+                let v = value("--arch")?;
+                sel.arches.push(
+                    Arch::from_name(&v)
+                        .ok_or_else(|| usage(format!("unknown arch {v} (x86_64, aarch64)")))?,
+                );
+            }
+            "--backend" => {
+                let v = value("--backend")?;
+                sel.backends.push(
+                    Backend::from_name(&v)
+                        .ok_or_else(|| usage(format!("unknown backend {v} (tcg, rustkvm)")))?,
+                );
+            }
+            "--variant" => {
+                let v = value("--variant")?;
+                sel.variants.push(Variant::from_name(&v).ok_or_else(|| {
+                    usage(format!("unknown variant {v} (default, mttcg-smp2, icount)"))
+                })?);
+            }
+            "--shard" => sel.shard = report::parse_shard(&value("--shard")?)?,
+            "--tap" => tap = true,
+            "--quiet" => quiet = true,
+            "-h" | "--help" => {
+                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--quiet] [FILTER]");
+                std::process::exit(0);
+            }
+            f if !f.starts_with('-') && sel.filter.is_none() => sel.filter = Some(f.to_string()),
+            other => return Err(usage(format!("unknown argument {other}"))),
+        }
+    }
+    if sel.arches.is_empty() {
+        sel.arches = Arch::ALL.to_vec();
+    }
+    if sel.backends.is_empty() {
+        sel.backends = Backend::ALL.to_vec();
+    }
+    if sel.variants.is_empty() {
+        sel.variants = Variant::ALL.to_vec();
+    }
+    Ok((sel, tap, quiet))
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rustkvm-run: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode, HarnessError> {
+    let (sel, tap, quiet) = parse_args()?;
+    let tests = guest::discover()?;
+    let results = report::run_matrix(&tests, &sel, |r| {
+        if !quiet && !tap {
+            eprintln!(
+                "{:10} {:8} {:11} {:8} {}",
+                r.test,
+                r.arch.name(),
+                r.variant.name(),
+                r.backend.name(),
+                r.outcome.status.label()
+            );
+        }
+    })?;
+    if tap {
+        print!("{}", report::tap(&results));
+    } else {
+        println!();
+        print!("{}", report::table(&results));
+        if !quiet {
+            print_measures(&results);
+        }
+    }
+    let mut differ = 0;
+    for r in results.iter().filter(|r| r.backend != Backend::Tcg) {
+        let Some(reference) = results.iter().find(|t| {
+            t.backend == Backend::Tcg
+                && t.test == r.test
+                && t.arch == r.arch
+                && t.variant == r.variant
+        }) else {
+            continue;
+        };
+        let test = tests
+            .iter()
+            .find(|t| t.name == r.test)
+            .expect("result of a discovered test");
+        for d in report::differences(test, reference, r) {
+            differ += 1;
+            println!("DIFF {}/{}/{}: {d}", r.test, r.arch, r.variant);
+        }
+    }
+    let (_, failed, _) = report::counts(&results);
+    Ok(if failed == 0 && differ == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// What the guests measured under rustkvm (default variant), and which
+/// routing points they reached.
+fn print_measures(results: &[RunResult]) {
+    println!("\nwhat the guests measured under -accel rustkvm (default variant):");
+    for r in results
+        .iter()
+        .filter(|r| r.backend == Backend::Rustkvm && r.variant == Variant::Default)
+    {
+        println!("  {}/{}:", r.test, r.arch);
+        for (k, v) in &r.outcome.measures {
+            println!("    {k:32} {v}");
+        }
+        let routes: Vec<String> = r
+            .outcome
+            .routes
+            .iter()
+            .filter(|(k, v)| **v > 0 && k.as_str() != "resets")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("    {:32} {}", "(routed into rustkvm)", routes.join(" "));
+    }
+}

@@ -1,0 +1,190 @@
+//! Discovering guest tests and their metadata.
+//!
+//! Metadata lines in a guest source (`tests/guests/src/bin/NAME.rs`):
+//!
+//! ```text
+//! //! rustkvm-test: arch=x86_64,aarch64 smp=2 timeout=30 vary=key1,key2
+//! ```
+//!
+//! - `arch`: architectures the guest runs on (required);
+//! - `smp`: vCPUs to give it (default 1; the `mttcg-smp2` variant uses at
+//!   least 2);
+//! - `timeout`: seconds before the run is killed and reported FAIL (default 30);
+//! - `vary`: `measure` keys whose values legitimately differ between runs or
+//!   backends, left out of the cross-backend comparison.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::qemu::Arch;
+use crate::HarnessError;
+
+/// Marker that starts a metadata line.
+const MARKER: &str = "//! rustkvm-test:";
+
+/// One guest test: a bundled guest program and how to run it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestTest {
+    /// File stem, e.g. `hello`.
+    pub name: String,
+    /// Architectures it runs on.
+    pub arches: Vec<Arch>,
+    /// vCPUs.
+    pub smp: u32,
+    /// Run time limit.
+    pub timeout: Duration,
+    /// `measure` keys excluded from cross-backend comparison.
+    pub vary: Vec<String>,
+}
+
+impl GuestTest {
+    /// Parse the metadata of the guest source `text` named `name`.
+    pub fn parse(name: &str, text: &str) -> Result<Self, HarnessError> {
+        let bad = |why: String| HarnessError::Metadata {
+            file: format!("{name}.rs"),
+            why,
+        };
+        let mut test = GuestTest {
+            name: name.to_string(),
+            arches: Vec::new(),
+            smp: 1,
+            timeout: Duration::from_secs(30),
+            vary: Vec::new(),
+        };
+        let mut seen = false;
+        for line in text.lines() {
+            let Some(rest) = line.trim().strip_prefix(MARKER) else {
+                continue;
+            };
+            seen = true;
+            for item in rest.split_whitespace() {
+                let (key, value) = item
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("'{item}' is not key=value")))?;
+                match key {
+                    "arch" => {
+                        for a in value.split(',') {
+                            test.arches.push(
+                                Arch::from_name(a)
+                                    .ok_or_else(|| bad(format!("unknown arch '{a}'")))?,
+                            );
+                        }
+                    }
+                    "smp" => {
+                        test.smp = value
+                            .parse()
+                            .ok()
+                            .filter(|n| (1..=64).contains(n))
+                            .ok_or_else(|| bad(format!("smp={value} is not 1..=64")))?;
+                    }
+                    "timeout" => {
+                        let secs: u64 = value
+                            .parse()
+                            .ok()
+                            .filter(|s| *s > 0)
+                            .ok_or_else(|| bad(format!("timeout={value} is not seconds")))?;
+                        test.timeout = Duration::from_secs(secs);
+                    }
+                    "vary" => test.vary.extend(value.split(',').map(str::to_string)),
+                    other => return Err(bad(format!("unknown key '{other}'"))),
+                }
+            }
+        }
+        if !seen {
+            return Err(bad(format!("no '{MARKER}' line")));
+        }
+        if test.arches.is_empty() {
+            return Err(bad("no arch=".to_string()));
+        }
+        Ok(test)
+    }
+
+    /// The built guest binary for `arch`.
+    pub fn binary(&self, arch: Arch) -> PathBuf {
+        guests_dir()
+            .join("target")
+            .join(arch.rust_target())
+            .join("release")
+            .join(&self.name)
+    }
+}
+
+/// `tests/guests`.
+pub fn guests_dir() -> PathBuf {
+    crate::repo_root().join("tests").join("guests")
+}
+
+/// All guest tests, sorted by name.
+pub fn discover() -> Result<Vec<GuestTest>, HarnessError> {
+    discover_in(&guests_dir().join("src").join("bin"))
+}
+
+/// All guest tests in `dir`, sorted by name.
+pub fn discover_in(dir: &Path) -> Result<Vec<GuestTest>, HarnessError> {
+    let io = |what: String| move |source| HarnessError::Io { what, source };
+    let mut tests = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))? {
+        let path = entry
+            .map_err(io(format!("reading {}", dir.display())))?
+            .path();
+        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+            continue;
+        }
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let text = fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
+        tests.push(GuestTest::parse(&name, &text)?);
+    }
+    tests.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(tests)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_all_keys() {
+        let t = GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64,aarch64 smp=2\n//! rustkvm-test: timeout=5 vary=a,b\nfn x() {}\n",
+        )
+        .unwrap();
+        assert_eq!(t.arches, vec![Arch::X86_64, Arch::Aarch64]);
+        assert_eq!(t.smp, 2);
+        assert_eq!(t.timeout, Duration::from_secs(5));
+        assert_eq!(t.vary, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn rejects_bad_metadata() {
+        for text in [
+            "fn main() {}",
+            "//! rustkvm-test: smp=2",
+            "//! rustkvm-test: arch=riscv64",
+            "//! rustkvm-test: arch=x86_64 smp=0",
+            "//! rustkvm-test: arch=x86_64 timeout=soon",
+            "//! rustkvm-test: arch=x86_64 colour=blue",
+            "//! rustkvm-test: arch",
+        ] {
+            let err = GuestTest::parse("g", text).unwrap_err();
+            assert!(
+                matches!(err, HarnessError::Metadata { .. }),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn bundled_guests_all_parse() {
+        let tests = discover().unwrap();
+        let names: Vec<&str> = tests.iter().map(|t| t.name.as_str()).collect();
+        assert!(names.contains(&"hello"), "{names:?}");
+        let hello = tests.iter().find(|t| t.name == "hello").unwrap();
+        assert_eq!(hello.arches, vec![Arch::X86_64, Arch::Aarch64]);
+    }
+}

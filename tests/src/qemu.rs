@@ -1,0 +1,270 @@
+//! Architectures, backends, variants, and the QEMU command line for a run.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::HarnessError;
+
+/// Guest architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Arch {
+    /// `qemu-system-x86_64`, PC machine.
+    X86_64,
+    /// `qemu-system-aarch64`, virt machine.
+    Aarch64,
+}
+
+impl Arch {
+    /// Every architecture.
+    pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
+
+    /// Parse a QEMU target name.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        match name {
+            "x86_64" => Some(Arch::X86_64),
+            "aarch64" => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// QEMU target name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// Rust target the guests are built for.
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-unknown-none",
+            Arch::Aarch64 => "aarch64-unknown-none",
+        }
+    }
+
+    /// Machine, board devices and exit mechanism for the bundled guests.
+    fn machine_args(self) -> &'static [&'static str] {
+        match self {
+            Arch::X86_64 => &["-M", "pc", "-device", "isa-debug-exit,iobase=0xf4,iosize=4"],
+            Arch::Aarch64 => &[
+                "-M",
+                "virt",
+                "-cpu",
+                "max",
+                "-semihosting-config",
+                "enable=on,target=native",
+            ],
+        }
+    }
+
+    /// Turn QEMU's exit status into the guest's own status, if the guest
+    /// set one (x86: `isa-debug-exit` gives `(v << 1) | 1`; arm64:
+    /// semihosting SYS_EXIT gives `v`).
+    pub fn guest_status(self, qemu_status: i32) -> Option<u32> {
+        match self {
+            Arch::X86_64 if qemu_status & 1 == 1 => Some((qemu_status as u32) >> 1),
+            Arch::X86_64 => None,
+            Arch::Aarch64 => u32::try_from(qemu_status).ok(),
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What executes the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Backend {
+    /// Plain TCG: the reference for "behaves like TCG".
+    Tcg,
+    /// `-accel rustkvm`: TCG with KVM's guest-visible interfaces.
+    Rustkvm,
+}
+
+impl Backend {
+    /// Every backend, in table order.
+    pub const ALL: [Backend; 2] = [Backend::Tcg, Backend::Rustkvm];
+
+    /// Parse a backend name.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        match name {
+            "tcg" => Some(Backend::Tcg),
+            "rustkvm" => Some(Backend::Rustkvm),
+            _ => None,
+        }
+    }
+
+    /// Name as on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Tcg => "tcg",
+            Backend::Rustkvm => "rustkvm",
+        }
+    }
+
+    /// The `-accel` value (without variant options). rustkvm runs with
+    /// `stats=on` so the harness sees which routing points were reached.
+    fn accel(self) -> &'static str {
+        match self {
+            Backend::Tcg => "tcg",
+            Backend::Rustkvm => "rustkvm,stats=on",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the emulator is run, orthogonal to the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Variant {
+    /// QEMU's defaults (MTTCG on both targets), the guest's own `smp`.
+    Default,
+    /// `thread=multi` with at least 2 vCPUs.
+    MttcgSmp2,
+    /// `-icount shift=0` (which implies one TCG thread).
+    Icount,
+}
+
+impl Variant {
+    /// Every variant, in table order.
+    pub const ALL: [Variant; 3] = [Variant::Default, Variant::MttcgSmp2, Variant::Icount];
+
+    /// Parse a variant name.
+    pub fn from_name(name: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == name)
+    }
+
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Default => "default",
+            Variant::MttcgSmp2 => "mttcg-smp2",
+            Variant::Icount => "icount",
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Path of the patched emulator for `arch`, from `scripts/qemu-path` (the
+/// one place that knows where the build lives).
+pub fn emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
+    let script = crate::repo_root().join("scripts").join("qemu-path");
+    let out = Command::new(&script)
+        .arg(arch.name())
+        .output()
+        .map_err(|source| HarnessError::Io {
+            what: format!("running {}", script.display()),
+            source,
+        })?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || path.as_os_str().is_empty() {
+        return Err(HarnessError::NotBuilt(
+            PathBuf::from(format!("qemu-system-{arch}")),
+            "scripts/build-qemu.sh",
+        ));
+    }
+    Ok(path)
+}
+
+/// The full argument list for booting `kernel` (every run: no display, no
+/// default devices, serial on stdout, no reboot, 128 MiB).
+pub fn command_args(
+    arch: Arch,
+    backend: Backend,
+    variant: Variant,
+    smp: u32,
+    kernel: &Path,
+) -> Vec<String> {
+    let mut accel = backend.accel().to_string();
+    let mut smp = smp;
+    let mut extra: Vec<&str> = Vec::new();
+    match variant {
+        Variant::Default => {}
+        Variant::MttcgSmp2 => {
+            accel += ",thread=multi";
+            smp = smp.max(2);
+        }
+        Variant::Icount => extra.extend(["-icount", "shift=0"]),
+    }
+    let mut args: Vec<String> = arch.machine_args().iter().map(|s| s.to_string()).collect();
+    args.extend(
+        [
+            "-accel",
+            &accel,
+            "-smp",
+            &smp.to_string(),
+            "-m",
+            "128",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+            "-kernel",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args.push(kernel.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn x86_status_decoding_follows_isa_debug_exit() {
+        assert_eq!(Arch::X86_64.guest_status(1), Some(0));
+        assert_eq!(Arch::X86_64.guest_status(3), Some(1));
+        assert_eq!(Arch::X86_64.guest_status(5), Some(2));
+        assert_eq!(Arch::X86_64.guest_status(0), None, "plain QEMU exit");
+        assert_eq!(Arch::Aarch64.guest_status(2), Some(2));
+        assert_eq!(Arch::Aarch64.guest_status(-1), None);
+    }
+
+    #[test]
+    fn variants_shape_the_command_line() {
+        let k = Path::new("/k");
+        let a = command_args(Arch::X86_64, Backend::Rustkvm, Variant::MttcgSmp2, 1, k);
+        let s = a.join(" ");
+        assert!(
+            s.contains("-accel rustkvm,stats=on,thread=multi -smp 2"),
+            "{s}"
+        );
+        let a = command_args(Arch::Aarch64, Backend::Tcg, Variant::Icount, 3, k);
+        let s = a.join(" ");
+        assert!(s.contains("-accel tcg -smp 3"), "{s}");
+        assert!(s.ends_with("-kernel /k -icount shift=0"), "{s}");
+        assert!(s.starts_with("-M virt -cpu max"), "{s}");
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()), Some(a));
+        }
+        for b in Backend::ALL {
+            assert_eq!(Backend::from_name(b.name()), Some(b));
+        }
+        for v in Variant::ALL {
+            assert_eq!(Variant::from_name(v.name()), Some(v));
+        }
+    }
+}

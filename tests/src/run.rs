@@ -1,0 +1,325 @@
+//! Booting one guest on one backend and reading what it reported.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::guest::GuestTest;
+use crate::qemu::{self, Arch, Backend, Variant};
+use crate::HarnessError;
+
+/// Guest exit status for "passed" (see the guest runtime's protocol).
+pub const GUEST_PASS: u32 = 0;
+/// Guest exit status for "failed".
+pub const GUEST_FAIL: u32 = 1;
+/// Guest exit status for "skipped".
+pub const GUEST_SKIP: u32 = 2;
+/// Guest exit statuses from 0x40 on mean "unexpected exception" (x86: 0x40 +
+/// vector; arm64: 0x40 + ESR.EC).
+pub const GUEST_EXCEPTION_BASE: u32 = 0x40;
+
+/// PASS / FAIL(reason) / SKIP(reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Every check passed.
+    Pass,
+    /// Something failed; why.
+    Fail(String),
+    /// The test does not apply; why.
+    Skip(String),
+}
+
+impl Status {
+    /// `PASS`, `FAIL(...)`, `SKIP(...)`.
+    pub fn label(&self) -> String {
+        match self {
+            Status::Pass => "PASS".to_string(),
+            Status::Fail(why) => format!("FAIL({why})"),
+            Status::Skip(why) => format!("SKIP({why})"),
+        }
+    }
+}
+
+/// What one run produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The verdict.
+    pub status: Status,
+    /// Protocol lines (`ok`, `not ok`, `skip`, `measure`) in order.
+    pub lines: Vec<String>,
+    /// `measure` lines as (key, value).
+    pub measures: Vec<(String, String)>,
+    /// rustkvm's `stats=on` counters summed over vCPUs (empty on tcg).
+    pub routes: BTreeMap<String, u64>,
+    /// Everything the guest printed.
+    pub serial: String,
+    /// QEMU's standard error.
+    pub stderr: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// One cell of the result table.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// Guest test name.
+    pub test: String,
+    /// Architecture.
+    pub arch: Arch,
+    /// Variant.
+    pub variant: Variant,
+    /// Backend.
+    pub backend: Backend,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// Read a child's pipe to the end on a thread (so neither pipe can fill up
+/// and block QEMU).
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// Wait for `child` up to `timeout`; kill it after. Returns the exit code
+/// (None when killed or ended by a signal) and whether it timed out.
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<(Option<i32>, bool)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok((status.code(), false));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            child.wait()?;
+            return Ok((None, true));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Boot `test` on `arch`/`variant`/`backend` and judge the result.
+pub fn run(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    backend: Backend,
+) -> Result<RunResult, HarnessError> {
+    let timeout = test.timeout;
+    run_with_timeout(test, arch, variant, backend, timeout)
+}
+
+/// [`run`] with an explicit time limit.
+pub fn run_with_timeout(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    backend: Backend,
+    timeout: Duration,
+) -> Result<RunResult, HarnessError> {
+    let kernel = test.binary(arch);
+    if !kernel.exists() {
+        return Err(HarnessError::NotBuilt(kernel, "scripts/build-guests.sh"));
+    }
+    let exe = qemu::emulator(arch)?;
+    let args = qemu::command_args(arch, backend, variant, test.smp, &kernel);
+    let start = Instant::now();
+    let mut child = Command::new(&exe)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| HarnessError::Io {
+            what: format!("starting {}", exe.display()),
+            source,
+        })?;
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let (code, timed_out) =
+        wait_with_timeout(&mut child, timeout).map_err(|source| HarnessError::Io {
+            what: format!("waiting for {}", exe.display()),
+            source,
+        })?;
+    let serial = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    let outcome = judge(
+        arch,
+        code,
+        timed_out,
+        timeout,
+        serial,
+        stderr,
+        start.elapsed(),
+    );
+    Ok(RunResult {
+        test: test.name.clone(),
+        arch,
+        variant,
+        backend,
+        outcome,
+    })
+}
+
+/// Turn QEMU's exit and the guest's output into an [`Outcome`].
+pub fn judge(
+    arch: Arch,
+    code: Option<i32>,
+    timed_out: bool,
+    timeout: Duration,
+    serial: String,
+    stderr: String,
+    elapsed: Duration,
+) -> Outcome {
+    let mut lines = Vec::new();
+    let mut measures = Vec::new();
+    let mut first_failure = None;
+    let mut first_skip = None;
+    for line in serial.lines().map(|l| l.trim_end_matches('\r')) {
+        if let Some(rest) = line.strip_prefix("measure ") {
+            let (k, v) = rest.split_once(' ').unwrap_or((rest, ""));
+            measures.push((k.to_string(), v.to_string()));
+        } else if let Some(rest) = line.strip_prefix("not ok ") {
+            first_failure.get_or_insert_with(|| rest.to_string());
+        } else if let Some(rest) = line.strip_prefix("skip ") {
+            first_skip.get_or_insert_with(|| rest.to_string());
+        } else if !line.starts_with("ok ") {
+            continue;
+        }
+        lines.push(line.to_string());
+    }
+    let guest = code.and_then(|c| arch.guest_status(c));
+    let status = if timed_out {
+        Status::Fail(format!("timeout after {}s", timeout.as_secs()))
+    } else {
+        match guest {
+            Some(GUEST_PASS) if first_failure.is_none() => Status::Pass,
+            Some(GUEST_PASS | GUEST_FAIL) => Status::Fail(
+                first_failure.unwrap_or_else(|| "guest exited with status 1".to_string()),
+            ),
+            Some(GUEST_SKIP) => {
+                Status::Skip(first_skip.unwrap_or_else(|| "guest skipped".to_string()))
+            }
+            Some(s) if s >= GUEST_EXCEPTION_BASE => Status::Fail(format!(
+                "unexpected exception {:#x}",
+                s - GUEST_EXCEPTION_BASE
+            )),
+            Some(s) => Status::Fail(format!("guest exit status {s}")),
+            None => {
+                let last = stderr
+                    .lines()
+                    .find(|l| !l.starts_with("rustkvm: "))
+                    .unwrap_or("");
+                Status::Fail(format!(
+                    "QEMU exited ({}) without a guest status{}{}",
+                    code.map_or("signal".to_string(), |c| c.to_string()),
+                    if last.is_empty() { "" } else { ": " },
+                    last
+                ))
+            }
+        }
+    };
+    Outcome {
+        status,
+        lines,
+        measures,
+        routes: parse_routes(&stderr),
+        serial,
+        stderr,
+        elapsed,
+    }
+}
+
+/// Sum rustkvm's `stats=on` lines (`rustkvm: ARCH vcpu N: key=value ...`).
+pub fn parse_routes(stderr: &str) -> BTreeMap<String, u64> {
+    let mut routes = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("rustkvm: ") else {
+            continue;
+        };
+        let Some((_, counts)) = rest.split_once(": ") else {
+            continue;
+        };
+        for kv in counts.split_whitespace() {
+            if let Some((k, v)) = kv.split_once('=') {
+                if let Ok(v) = v.parse::<u64>() {
+                    *routes.entry(k.to_string()).or_insert(0) += v;
+                }
+            }
+        }
+    }
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn j(arch: Arch, code: Option<i32>, serial: &str) -> Outcome {
+        judge(
+            arch,
+            code,
+            false,
+            Duration::from_secs(1),
+            serial.to_string(),
+            "rustkvm: x86_64 vcpu 0: resets=1 cpuid=2\nrustkvm: x86_64 vcpu 1: resets=1 cpuid=3\n"
+                .into(),
+            Duration::ZERO,
+        )
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(j(Arch::X86_64, Some(1), "ok a\n").status, Status::Pass);
+        assert_eq!(
+            j(Arch::X86_64, Some(3), "ok a\nnot ok b: why\n").status,
+            Status::Fail("b: why".into())
+        );
+        assert_eq!(
+            j(Arch::Aarch64, Some(0), "not ok b: why\n").status,
+            Status::Fail("b: why".into()),
+            "a failed check fails the run even if the guest exits 0"
+        );
+        assert_eq!(
+            j(Arch::Aarch64, Some(2), "skip x: no pmu\n").status,
+            Status::Skip("x: no pmu".into())
+        );
+        assert_eq!(
+            j(Arch::X86_64, Some(((0x40 + 13) << 1) | 1), "").status,
+            Status::Fail("unexpected exception 0xd".into())
+        );
+        assert!(
+            matches!(j(Arch::X86_64, Some(0), "").status, Status::Fail(w) if w.contains("without a guest status"))
+        );
+        let t = judge(
+            Arch::X86_64,
+            None,
+            true,
+            Duration::from_secs(7),
+            String::new(),
+            String::new(),
+            Duration::ZERO,
+        );
+        assert_eq!(t.status, Status::Fail("timeout after 7s".into()));
+    }
+
+    #[test]
+    fn protocol_lines_and_routes() {
+        let o = j(
+            Arch::X86_64,
+            Some(1),
+            "# note\nmeasure k v w\nok a\r\nnoise\n",
+        );
+        assert_eq!(o.lines, vec!["measure k v w", "ok a"]);
+        assert_eq!(o.measures, vec![("k".to_string(), "v w".to_string())]);
+        assert_eq!(o.routes.get("cpuid"), Some(&5));
+        assert_eq!(o.routes.get("resets"), Some(&2));
+    }
+}

@@ -1,0 +1,144 @@
+//! Boots the bundled guests under QEMU: every guest on every backend and
+//! variant, rustkvm checked line for line against tcg, the routing points
+//! checked to reach Rust, and QEMU's command-line behaviour for rustkvm.
+//!
+//! Needs `scripts/build-qemu.sh` and `scripts/build-guests.sh` to have run
+//! (`scripts/test.sh` does both); a missing build is a failure, not a skip.
+
+use std::process::Command;
+use std::time::Duration;
+
+use rustkvm_tests::report::{self, Selection};
+use rustkvm_tests::{guest, qemu, run, Arch, Backend, Status, Variant};
+
+#[test]
+fn every_guest_passes_on_every_backend_and_rustkvm_matches_tcg() {
+    let tests = guest::discover().expect("guest tests");
+    let results = report::run_matrix(&tests, &Selection::default(), |_| {}).expect("matrix ran");
+    println!("{}", report::table(&results));
+    let mut problems = Vec::new();
+    for r in &results {
+        if let Status::Fail(why) = &r.outcome.status {
+            problems.push(format!(
+                "{}/{}/{}/{}: {why}\n--- serial ---\n{}--- stderr ---\n{}",
+                r.test, r.arch, r.variant, r.backend, r.outcome.serial, r.outcome.stderr
+            ));
+        }
+        if r.backend == Backend::Rustkvm {
+            let reference = results
+                .iter()
+                .find(|t| {
+                    t.backend == Backend::Tcg
+                        && t.test == r.test
+                        && t.arch == r.arch
+                        && t.variant == r.variant
+                })
+                .expect("tcg ran the same row");
+            let test = tests.iter().find(|t| t.name == r.test).unwrap();
+            for d in report::differences(test, reference, r) {
+                problems.push(format!("{}/{}/{}: {d}", r.test, r.arch, r.variant));
+            }
+        }
+    }
+    // Every test ran on every backend in every variant of its architectures.
+    let rows: usize = tests.iter().map(|t| t.arches.len()).sum::<usize>() * Variant::ALL.len();
+    assert_eq!(results.len(), rows * Backend::ALL.len());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+fn run_one(name: &str, arch: Arch, variant: Variant) -> run::RunResult {
+    let tests = guest::discover().expect("guest tests");
+    let t = tests.iter().find(|t| t.name == name).expect("guest exists");
+    run::run(t, arch, variant, Backend::Rustkvm).expect("ran")
+}
+
+#[test]
+fn x86_routing_points_reach_rust_and_fall_back_to_tcg() {
+    let r = run_one("x86-routing", Arch::X86_64, Variant::Default);
+    assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
+    let n = |k: &str| r.outcome.routes.get(k).copied().unwrap_or(0);
+    // The guest executes 3 CPUIDs, 3 RDMSRs, 1 WRMSR and 1 RDPMC of its own
+    // (plus its boot code's EFER access and the firmware's own).
+    assert!(n("cpuid") >= 3, "{:?}", r.outcome.routes);
+    assert!(n("rdmsr") >= 4, "{:?}", r.outcome.routes);
+    assert!(n("wrmsr") >= 2, "{:?}", r.outcome.routes);
+    assert_eq!(n("rdpmc"), 1, "{:?}", r.outcome.routes);
+    assert_eq!(n("hvc_smc"), 0, "{:?}", r.outcome.routes);
+    assert!(n("resets") >= 1, "{:?}", r.outcome.routes);
+}
+
+#[test]
+fn arm64_hvc_routing_point_reaches_rust_and_falls_back_to_psci() {
+    let r = run_one("smp", Arch::Aarch64, Variant::MttcgSmp2);
+    assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
+    // CPU_ON from vCPU 0 and CPU_OFF from vCPU 1, both answered by QEMU's PSCI.
+    assert_eq!(
+        r.outcome.routes.get("hvc_smc"),
+        Some(&2),
+        "{}",
+        r.outcome.stderr
+    );
+    assert_eq!(r.outcome.routes.get("rdmsr"), Some(&0));
+}
+
+#[test]
+fn a_hung_guest_is_killed_at_its_timeout() {
+    let tests = guest::discover().expect("guest tests");
+    let t = tests.iter().find(|t| t.name == "hello").unwrap();
+    let r = run::run_with_timeout(
+        t,
+        Arch::Aarch64,
+        Variant::Default,
+        Backend::Rustkvm,
+        Duration::from_millis(1),
+    )
+    .expect("ran");
+    assert!(
+        matches!(&r.outcome.status, Status::Fail(w) if w.starts_with("timeout after")),
+        "{:?}",
+        r.outcome.status
+    );
+}
+
+fn qemu_cmd(arch: Arch, args: &[&str]) -> (bool, String) {
+    let out = Command::new(qemu::emulator(arch).expect("emulator built"))
+        .args(args)
+        .output()
+        .expect("QEMU ran");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
+    for arch in Arch::ALL {
+        let (ok, text) = qemu_cmd(arch, &["-accel", "help"]);
+        assert!(ok && text.lines().any(|l| l == "rustkvm"), "{arch}: {text}");
+        assert!(text.lines().any(|l| l == "tcg"), "{arch}: {text}");
+
+        let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,help"]);
+        assert!(ok, "{arch}: {text}");
+        for prop in [
+            "stats=<bool>",
+            "thread=<string>",
+            "tb-size=<int>",
+            "one-insn-per-tb=<bool>",
+        ] {
+            assert!(text.contains(prop), "{arch}: {prop} missing from\n{text}");
+        }
+
+        let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,foo=bar", "-M", "none"]);
+        assert!(!ok, "{arch}: unknown property accepted");
+        assert!(
+            text.contains("Property 'rustkvm-accel.foo' not found"),
+            "{arch}: {text}"
+        );
+
+        let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,thread=bogus", "-M", "none"]);
+        assert!(
+            !ok && text.contains("Invalid 'thread' setting bogus"),
+            "{arch}: {text}"
+        );
+    }
+}
