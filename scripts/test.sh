@@ -23,4 +23,7 @@ done
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee "$RUSTKVM_CACHE/last-test.log"
 status=${PIPESTATUS[0]}
+# One closing line over every test binary, for people and CI alike.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' \
+    "$RUSTKVM_CACHE/last-test.log"
 [ "$status" -eq 0 ] || die "cargo test failed (log: $RUSTKVM_CACHE/last-test.log)"

@@ -88,10 +88,19 @@ uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
 /**
  * HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =
  * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3. Any other
- * result lets QEMU's PSCI implementation answer. (The PMU system register
- * routing point arrives with the arm64 PMU.)
+ * result lets QEMU's PSCI implementation answer.
  */
 uint32_t rustkvm_arm_hvc_smc(RustkvmVcpu *vcpu, bool is_smc, uint64_t regs[8]);
+/**
+ * MRS of an AArch64 PMU system register, encoded as KVM's sys_reg():
+ * op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2. HANDLED fills *value;
+ * anything else runs TCG's accessor. (Constant registers are not routed.)
+ */
+uint32_t rustkvm_arm_pmu_read(RustkvmVcpu *vcpu, uint32_t encoding,
+                              uint64_t *value);
+/** MSR of an AArch64 PMU system register (encoding as for the read). */
+uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
+                               uint64_t value);
 
 /*
  * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.

@@ -278,6 +278,41 @@ pub unsafe extern "C" fn rustkvm_arm_hvc_smc(
     })
 }
 
+/// PMU system register read routing point.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `value` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_read(
+    vcpu: *mut RustkvmVcpu,
+    encoding: u32,
+    value: *mut u64,
+) -> u32 {
+    // SAFETY: forwarded caller contract.
+    match unsafe { vcpu_ref(vcpu) } {
+        // SAFETY: forwarded caller contract.
+        Some(v) => finish(v.pmu_read(encoding), unsafe { store_out(value) }),
+        None => header::RUSTKVM_UNHANDLED,
+    }
+}
+
+/// PMU system register write routing point.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_write(
+    vcpu: *mut RustkvmVcpu,
+    encoding: u32,
+    value: u64,
+) -> u32 {
+    // SAFETY: forwarded caller contract.
+    match unsafe { vcpu_ref(vcpu) } {
+        Some(v) => finish(v.pmu_write(encoding, value), |()| ()),
+        None => header::RUSTKVM_UNHANDLED,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The FFI layer is tested through the same calls QEMU makes. The process
@@ -347,6 +382,15 @@ mod tests {
             let mut x = [0u64; 8];
             assert_eq!(
                 rustkvm_arm_hvc_smc(v0, false, x.as_mut_ptr()),
+                header::RUSTKVM_UNHANDLED
+            );
+            assert_eq!(
+                rustkvm_arm_pmu_read(v0, 0xdce0, &mut val),
+                header::RUSTKVM_UNHANDLED
+            );
+            assert_eq!(val, 0xdead);
+            assert_eq!(
+                rustkvm_arm_pmu_write(v0, 0xdce0, 1),
                 header::RUSTKVM_UNHANDLED
             );
             rustkvm_vcpu_reset(v0);

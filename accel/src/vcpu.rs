@@ -35,14 +35,24 @@ pub struct RouteCounts {
     pub rdpmc: u64,
     /// arm64 HVC/SMC calls on the PSCI conduit.
     pub hvc_smc: u64,
+    /// arm64 PMU system register reads.
+    pub pmu_read: u64,
+    /// arm64 PMU system register writes.
+    pub pmu_write: u64,
 }
 
 impl fmt::Display for RouteCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hvc_smc={}",
-            self.cpuid, self.rdmsr, self.wrmsr, self.rdpmc, self.hvc_smc
+            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hvc_smc={} pmu_read={} pmu_write={}",
+            self.cpuid,
+            self.rdmsr,
+            self.wrmsr,
+            self.rdpmc,
+            self.hvc_smc,
+            self.pmu_read,
+            self.pmu_write
         )
     }
 }
@@ -132,6 +142,18 @@ impl Vcpu {
         self.lock().routes.hvc_smc += 1;
         Route::Unhandled
     }
+
+    /// MRS of a PMU system register (KVM `sys_reg()` encoding).
+    pub fn pmu_read(&self, _encoding: u32) -> Route<u64> {
+        self.lock().routes.pmu_read += 1;
+        Route::Unhandled
+    }
+
+    /// MSR of a PMU system register (KVM `sys_reg()` encoding).
+    pub fn pmu_write(&self, _encoding: u32, _value: u64) -> Route<()> {
+        self.lock().routes.pmu_write += 1;
+        Route::Unhandled
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +172,8 @@ mod tests {
             a.hvc_smc(false, [0x8000_0000, 0, 0, 0, 0, 0, 0, 0]),
             Route::Unhandled
         );
+        assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
+        assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
     }
 
     #[test]
@@ -176,7 +200,7 @@ mod tests {
         );
         assert_eq!(
             s.routes.to_string(),
-            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hvc_smc=0"
+            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hvc_smc=0 pmu_read=0 pmu_write=0"
         );
     }
 }

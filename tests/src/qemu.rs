@@ -180,6 +180,22 @@ pub fn emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
     Ok(path)
 }
 
+/// One of QEMU's own test plugins (`tests/tcg/plugins/lib<name>.so`), built
+/// beside the emulators by `scripts/build-qemu.sh`.
+pub fn plugin(name: &str) -> Result<PathBuf, HarnessError> {
+    let exe = emulator(Arch::X86_64)?;
+    let path = exe
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("tests/tcg/plugins")
+        .join(format!("lib{name}.so"));
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(HarnessError::NotBuilt(path, "scripts/build-qemu.sh"))
+    }
+}
+
 /// The full argument list for booting `kernel` (every run: no display, no
 /// default devices, serial on stdout, no reboot, 128 MiB).
 pub fn command_args(

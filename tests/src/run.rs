@@ -105,6 +105,17 @@ fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<(O
     }
 }
 
+/// Extra knobs for one run (the defaults come from the guest's metadata).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Time limit instead of the guest's `timeout`.
+    pub timeout: Option<Duration>,
+    /// Extra `-accel` properties, e.g. `one-insn-per-tb=on`.
+    pub accel_opts: Vec<String>,
+    /// Extra QEMU arguments, e.g. `-plugin ...`.
+    pub qemu_args: Vec<String>,
+}
+
 /// Boot `test` on `arch`/`variant`/`backend` and judge the result.
 pub fn run(
     test: &GuestTest,
@@ -112,24 +123,33 @@ pub fn run(
     variant: Variant,
     backend: Backend,
 ) -> Result<RunResult, HarnessError> {
-    let timeout = test.timeout;
-    run_with_timeout(test, arch, variant, backend, timeout)
+    run_with(test, arch, variant, backend, &RunOptions::default())
 }
 
-/// [`run`] with an explicit time limit.
-pub fn run_with_timeout(
+/// [`run`] with [`RunOptions`].
+pub fn run_with(
     test: &GuestTest,
     arch: Arch,
     variant: Variant,
     backend: Backend,
-    timeout: Duration,
+    opts: &RunOptions,
 ) -> Result<RunResult, HarnessError> {
+    let timeout = opts.timeout.unwrap_or(test.timeout);
     let kernel = test.binary(arch);
     if !kernel.exists() {
         return Err(HarnessError::NotBuilt(kernel, "scripts/build-guests.sh"));
     }
     let exe = qemu::emulator(arch)?;
-    let args = qemu::command_args(arch, backend, variant, test.smp, &kernel);
+    let mut args = qemu::command_args(arch, backend, variant, test.smp, &kernel);
+    if !opts.accel_opts.is_empty() {
+        // command_args puts the -accel value right after "-accel".
+        if let Some(i) = args.iter().position(|a| a == "-accel") {
+            for o in &opts.accel_opts {
+                args[i + 1] = format!("{},{o}", args[i + 1]);
+            }
+        }
+    }
+    args.extend(opts.qemu_args.iter().cloned());
     let start = Instant::now();
     let mut child = Command::new(&exe)
         .args(&args)

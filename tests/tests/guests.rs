@@ -82,22 +82,86 @@ fn arm64_hvc_routing_point_reaches_rust_and_falls_back_to_psci() {
 }
 
 #[test]
+fn arm64_pmu_sysreg_routing_point_sees_every_access() {
+    let r = run_one("arm-pmu-routing", Arch::Aarch64, Variant::Default);
+    assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
+    // The guest issues exactly 15 MRS and 16 MSR to routed PMU registers;
+    // every one reaches Rust, including those TCG would otherwise inline.
+    assert_eq!(
+        r.outcome.routes.get("pmu_read"),
+        Some(&15),
+        "{}",
+        r.outcome.stderr
+    );
+    assert_eq!(
+        r.outcome.routes.get("pmu_write"),
+        Some(&16),
+        "{}",
+        r.outcome.stderr
+    );
+}
+
+#[test]
 fn a_hung_guest_is_killed_at_its_timeout() {
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "hello").unwrap();
-    let r = run::run_with_timeout(
-        t,
-        Arch::Aarch64,
-        Variant::Default,
-        Backend::Rustkvm,
-        Duration::from_millis(1),
-    )
-    .expect("ran");
+    let opts = run::RunOptions {
+        timeout: Some(Duration::from_millis(1)),
+        ..Default::default()
+    };
+    let r =
+        run::run_with(t, Arch::Aarch64, Variant::Default, Backend::Rustkvm, &opts).expect("ran");
     assert!(
         matches!(&r.outcome.status, Status::Fail(w) if w.starts_with("timeout after")),
         "{:?}",
         r.outcome.status
     );
+}
+
+#[test]
+fn tcg_options_and_plugins_still_work_under_rustkvm() {
+    let tests = guest::discover().expect("guest tests");
+    let t = tests.iter().find(|t| t.name == "hello").unwrap();
+    let plugin = qemu::plugin("insn").expect("QEMU's test plugin libinsn.so is built");
+    for arch in Arch::ALL {
+        let reference = run::run(t, arch, Variant::Default, Backend::Tcg).expect("ran");
+        let opts = run::RunOptions {
+            accel_opts: vec![
+                "one-insn-per-tb=on".into(),
+                "tb-size=64".into(),
+                "thread=single".into(),
+            ],
+            qemu_args: vec![
+                "-plugin".into(),
+                plugin.display().to_string(),
+                "-d".into(),
+                "plugin".into(),
+            ],
+            ..Default::default()
+        };
+        let r = run::run_with(t, arch, Variant::Default, Backend::Rustkvm, &opts).expect("ran");
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{arch}: {}\n{}",
+            r.outcome.serial,
+            r.outcome.stderr
+        );
+        assert_eq!(r.outcome.lines, reference.outcome.lines, "{arch}");
+        // libinsn prints "cpu N insns: COUNT" per vCPU at exit.
+        let insns: u64 = r
+            .outcome
+            .stderr
+            .lines()
+            .filter_map(|l| l.split("insns: ").nth(1))
+            .filter_map(|n| n.trim().parse::<u64>().ok())
+            .sum();
+        assert!(
+            insns > 10_000,
+            "{arch}: plugin counted {insns} instructions:\n{}",
+            r.outcome.stderr
+        );
+    }
 }
 
 fn qemu_cmd(arch: Arch, args: &[&str]) -> (bool, String) {

@@ -275,3 +275,26 @@ pub fn cpu_on(mpidr: u64, work: fn()) -> i64 {
     let entry = guest_secondary_entry as *const () as u64;
     hvc(PSCI_CPU_ON_64, [mpidr, entry, stack_top])[0] as i64
 }
+
+/// Read a system register by name: `read_sysreg!("pmcr_el0")`.
+#[macro_export]
+macro_rules! read_sysreg {
+    ($name:literal) => {{
+        let v: u64;
+        // SAFETY: reading a system register the guest is allowed to read;
+        // an UNDEFINED one ends the guest with the unexpected-exception status.
+        unsafe { core::arch::asm!(concat!("mrs {}, ", $name), out(reg) v, options(nostack)) };
+        v
+    }};
+}
+
+/// Write a system register by name: `write_sysreg!("pmselr_el0", 0)`.
+#[macro_export]
+macro_rules! write_sysreg {
+    ($name:literal, $v:expr) => {{
+        let v: u64 = $v;
+        // SAFETY: as for read_sysreg!; followed by an ISB so the write is
+        // visible to the next instruction.
+        unsafe { core::arch::asm!(concat!("msr ", $name, ", {}"), "isb", in(reg) v, options(nostack)) };
+    }};
+}
