@@ -23,6 +23,9 @@ QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
 mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
 export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
 export CCACHE_MAXSIZE=5G
+# QEMU compiles with -g, and ccache then hashes the build directory unless told
+# not to: without this a fresh build directory never hits the cache.
+export CCACHE_NOHASHDIR=true
 # QEMU's configure pins CC=cc, so meson never adds ccache itself: use Debian's
 # ccache masquerade directory instead.
 export PATH="/usr/lib/ccache:$PATH"
