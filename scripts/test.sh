@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Run all of rustkvm's tests: builds what they need first (as scripts/run.sh),
 # then formatting and lint checks, then `cargo test` over the workspace, whose
-# guest tests boot the bundled guests on every backend.
+# guest tests boot the bundled guests on every backend and Linux on both
+# architectures.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 command -v cargo >/dev/null || die "cargo not found: rustkvm needs a Rust toolchain installed with rustup"
 bash "$RUSTKVM_ROOT/scripts/build-qemu.sh"
 bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
+bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh"
 cd "$RUSTKVM_ROOT"
 
 step "cargo fmt --check"

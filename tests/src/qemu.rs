@@ -84,17 +84,23 @@ pub enum Backend {
     Tcg,
     /// `-accel rustkvm`: TCG with KVM's guest-visible interfaces.
     Rustkvm,
+    /// `-accel kvm`: the host's KVM (only for guests of the host's
+    /// architecture, with a usable /dev/kvm).
+    Kvm,
 }
 
 impl Backend {
     /// Every backend, in table order.
-    pub const ALL: [Backend; 2] = [Backend::Tcg, Backend::Rustkvm];
+    pub const ALL: [Backend; 3] = [Backend::Tcg, Backend::Rustkvm, Backend::Kvm];
+    /// The emulated backends, which run on any host.
+    pub const EMULATED: [Backend; 2] = [Backend::Tcg, Backend::Rustkvm];
 
     /// Parse a backend name.
     pub fn from_name(name: &str) -> Option<Backend> {
         match name {
             "tcg" => Some(Backend::Tcg),
             "rustkvm" => Some(Backend::Rustkvm),
+            "kvm" => Some(Backend::Kvm),
             _ => None,
         }
     }
@@ -104,6 +110,7 @@ impl Backend {
         match self {
             Backend::Tcg => "tcg",
             Backend::Rustkvm => "rustkvm",
+            Backend::Kvm => "kvm",
         }
     }
 
@@ -113,6 +120,7 @@ impl Backend {
         match self {
             Backend::Tcg => "tcg",
             Backend::Rustkvm => "rustkvm,stats=on",
+            Backend::Kvm => "kvm",
         }
     }
 }

@@ -28,7 +28,7 @@ impl Default for Selection {
     fn default() -> Self {
         Selection {
             arches: Arch::ALL.to_vec(),
-            backends: Backend::ALL.to_vec(),
+            backends: Backend::EMULATED.to_vec(),
             variants: Variant::ALL.to_vec(),
             filter: None,
             shard: (0, 1),

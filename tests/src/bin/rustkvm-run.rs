@@ -38,10 +38,10 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
             }
             "--backend" => {
                 let v = value("--backend")?;
-                sel.backends.push(
-                    Backend::from_name(&v)
-                        .ok_or_else(|| usage(format!("unknown backend {v} (tcg, rustkvm)")))?,
-                );
+                sel.backends
+                    .push(Backend::from_name(&v).ok_or_else(|| {
+                        usage(format!("unknown backend {v} (tcg, rustkvm, kvm)"))
+                    })?);
             }
             "--variant" => {
                 let v = value("--variant")?;
@@ -64,7 +64,7 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
         sel.arches = Arch::ALL.to_vec();
     }
     if sel.backends.is_empty() {
-        sel.backends = Backend::ALL.to_vec();
+        sel.backends = Backend::EMULATED.to_vec();
     }
     if sel.variants.is_empty() {
         sel.variants = Variant::ALL.to_vec();

@@ -1,0 +1,676 @@
+//! Booting real Linux guests (Debian's 6.12 kernels with the rustkvm-probe
+//! initramfs, `scripts/build-linux-guests.sh`) and reading back what the
+//! probe saw.
+//!
+//! A configuration is architecture × backend × vCPU count. Each run ends as
+//! OK (the probe's JSON), SKIP (only for `kvm`, which cannot run here: the
+//! reason the runner detected) or ERROR (with the tail of the console).
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use crate::qemu::{self, Arch, Backend};
+use crate::HarnessError;
+
+/// Line before the probe's JSON (rustkvm-probe's BEGIN_MARKER).
+pub const BEGIN_MARKER: &str = "===RUSTKVM-PROBE-BEGIN===";
+/// Line after it.
+pub const END_MARKER: &str = "===RUSTKVM-PROBE-END===";
+/// What QEMU prints when KVM cannot emulate an instruction the guest ran.
+const KVM_INTERNAL_ERROR: &str = "KVM internal error";
+/// Default time limit for one boot.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// One Linux boot configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Config {
+    /// Guest architecture.
+    pub arch: Arch,
+    /// Backend.
+    pub backend: Backend,
+    /// vCPUs.
+    pub smp: u32,
+}
+
+impl Config {
+    /// `arch/backend/smpN`.
+    pub fn label(&self) -> String {
+        format!("{}/{}/smp{}", self.arch, self.backend, self.smp)
+    }
+}
+
+/// How a boot ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The probe's report.
+    Ok(Value),
+    /// The configuration cannot run here (kvm only), and why.
+    Skip(String),
+    /// Something went wrong, and what.
+    Error(String),
+}
+
+/// One boot's result.
+#[derive(Debug, Clone)]
+pub struct LinuxRun {
+    /// What was booted.
+    pub config: Config,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Guest wall clock minus host wall clock when the report arrived, in
+    /// seconds (None without a report).
+    pub wallclock_offset_s: Option<f64>,
+    /// Host time taken.
+    pub elapsed: Duration,
+    /// The console (serial) output.
+    pub console: String,
+}
+
+/// `$RUSTKVM_CACHE` (the shell scripts' default: /var/cache/rustkvm).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("RUSTKVM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/rustkvm"))
+}
+
+/// Kernel and initramfs for `arch`.
+pub fn images(arch: Arch) -> Result<(PathBuf, PathBuf), HarnessError> {
+    images_in(&cache_dir(), arch)
+}
+
+/// Kernel and initramfs for `arch` under the cache directory `cache`.
+pub fn images_in(cache: &std::path::Path, arch: Arch) -> Result<(PathBuf, PathBuf), HarnessError> {
+    let dir = cache.join("linux").join(arch.name());
+    let kernel = dir.join("vmlinuz");
+    let initrd = dir.join("initramfs.cpio.gz");
+    for p in [&kernel, &initrd] {
+        if !p.exists() {
+            return Err(HarnessError::NotBuilt(
+                p.clone(),
+                "scripts/build-linux-guests.sh",
+            ));
+        }
+    }
+    Ok((kernel, initrd))
+}
+
+/// Why `kvm` cannot run `arch` guests on this host, if it cannot.
+pub fn kvm_unavailable(arch: Arch) -> Option<String> {
+    let host = std::env::consts::ARCH;
+    if host != arch.name() {
+        return Some(format!("kvm runs only {host} guests on this {host} host"));
+    }
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/kvm: {e}")),
+    }
+}
+
+/// The QEMU arguments for booting `config`.
+pub fn command_args(
+    config: Config,
+    kernel: &std::path::Path,
+    initrd: &std::path::Path,
+) -> Vec<String> {
+    let (machine, cpu, console) = match (config.arch, config.backend) {
+        // -arch-capabilities: QEMU aborts on MSR 0x10a with kvm_pvm otherwise.
+        (Arch::X86_64, Backend::Kvm) => ("pc", "host,-arch-capabilities", "ttyS0"),
+        (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
+        (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
+        (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
+    };
+    let accel = match config.backend {
+        Backend::Tcg => "tcg",
+        Backend::Rustkvm => "rustkvm",
+        Backend::Kvm => "kvm",
+    };
+    [
+        "-M",
+        machine,
+        "-cpu",
+        cpu,
+        "-accel",
+        accel,
+        "-smp",
+        &config.smp.to_string(),
+        "-m",
+        "512",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+        "-kernel",
+        &kernel.display().to_string(),
+        "-initrd",
+        &initrd.display().to_string(),
+        "-append",
+        &format!("console={console} loglevel=1 panic=-1 rdinit=/init"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The JSON between the probe's markers in `console`.
+pub fn extract_report(console: &str) -> Result<Value, String> {
+    let start = console
+        .find(BEGIN_MARKER)
+        .ok_or_else(|| "the probe's report never started".to_string())?
+        + BEGIN_MARKER.len();
+    let end = console[start..]
+        .find(END_MARKER)
+        .ok_or_else(|| "the probe's report never ended".to_string())?
+        + start;
+    let text: String = console[start..end].chars().filter(|c| *c != '\r').collect();
+    serde_json::from_str(text.trim()).map_err(|e| format!("garbled report: {e}"))
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn pump<R: Read + Send + 'static>(
+    pipe: Option<R>,
+    into: Arc<Mutex<String>>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let Some(mut p) = pipe else { return };
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = p.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut s) = into.lock() {
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    })
+}
+
+/// Boot `config` and collect what the probe reports.
+pub fn run(config: Config, timeout: Duration) -> LinuxRun {
+    let start = Instant::now();
+    let done = |outcome, console: String, offset| LinuxRun {
+        config,
+        outcome,
+        wallclock_offset_s: offset,
+        elapsed: start.elapsed(),
+        console,
+    };
+    if config.backend == Backend::Kvm {
+        if let Some(why) = kvm_unavailable(config.arch) {
+            return done(Outcome::Skip(why), String::new(), None);
+        }
+    }
+    let (kernel, initrd) = match images(config.arch) {
+        Ok(p) => p,
+        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+    };
+    let exe = match qemu::emulator(config.arch) {
+        Ok(p) => p,
+        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+    };
+    let mut child = match Command::new(&exe)
+        .args(command_args(config, &kernel, &initrd))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return done(
+                Outcome::Error(format!("starting {}: {e}", exe.display())),
+                String::new(),
+                None,
+            )
+        }
+    };
+    let out = Arc::new(Mutex::new(String::new()));
+    let err = Arc::new(Mutex::new(String::new()));
+    let pumps = [
+        pump(child.stdout.take(), Arc::clone(&out)),
+        pump(child.stderr.take(), Arc::clone(&err)),
+    ];
+    let snapshot = |s: &Arc<Mutex<String>>| s.lock().map(|g| g.clone()).unwrap_or_default();
+    let deadline = start + timeout;
+    let mut report_seen_at = None;
+    let mut kvm_error = None;
+    let mut timed_out = false;
+    loop {
+        if report_seen_at.is_none() && snapshot(&out).contains(END_MARKER) {
+            report_seen_at = Some(unix_now());
+        }
+        if config.backend == Backend::Kvm {
+            let e = snapshot(&err);
+            if let Some(line) = e.lines().find(|l| l.contains(KVM_INTERNAL_ERROR)) {
+                // The faulting instruction's bytes: "Code=... <c4> 42 69 f7 ...".
+                let insn = e
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Code="))
+                    .and_then(|c| c.split_once('<'))
+                    .map(|(_, rest)| {
+                        rest.split_whitespace()
+                            .take(6)
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .map(|b| format!(" at instruction bytes <{b}"))
+                    .unwrap_or_default();
+                kvm_error = Some(format!("{line} (emulation failure{insn})"));
+                let _ = child.kill();
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() >= deadline => {
+                timed_out = true;
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(20)),
+            Err(_) => break,
+        }
+    }
+    for p in pumps {
+        let _ = p.join();
+    }
+    let console = snapshot(&out);
+    let stderr = snapshot(&err);
+    if report_seen_at.is_none() && console.contains(END_MARKER) {
+        report_seen_at = Some(unix_now());
+    }
+    let outcome = match extract_report(&console) {
+        Ok(report) => Outcome::Ok(report),
+        Err(why) => {
+            let detail = format!(
+                "{why}{}; console tail:\n{}{}",
+                if timed_out {
+                    format!(" (timeout after {}s)", timeout.as_secs())
+                } else {
+                    String::new()
+                },
+                tail(&console, 8),
+                if stderr.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!("\nstderr tail:\n{}", tail(&stderr, 4))
+                }
+            );
+            match (config.backend, kvm_error) {
+                // kvm on this host is a platform limit, reported, never a failure.
+                (Backend::Kvm, Some(e)) => {
+                    Outcome::Skip(format!("Linux does not boot under this host's KVM: {e}"))
+                }
+                (Backend::Kvm, None) => Outcome::Skip(format!(
+                    "Linux did not reach the probe under this host's KVM: {detail}"
+                )),
+                _ => Outcome::Error(detail),
+            }
+        }
+    };
+    let offset = match (&outcome, report_seen_at) {
+        (Outcome::Ok(r), Some(host)) => r
+            .pointer("/clocks/realtime_unix_ns")
+            .and_then(Value::as_f64)
+            .map(|g| g / 1e9 - host),
+        _ => None,
+    };
+    done(outcome, console, offset)
+}
+
+/// The value of `path` (a JSON pointer) in a report, as a display string.
+fn at(report: &Value, path: &str) -> Option<String> {
+    report.pointer(path).map(|v| match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| x.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    })
+}
+
+/// The dmesg line containing `needle`, from just after the timestamp.
+fn dmesg_with(report: &Value, needle: &str) -> Option<String> {
+    report
+        .get("dmesg")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|l| {
+            l.contains(needle)
+                .then(|| l.split_once("] ").map_or(l, |(_, t)| t).to_string())
+        })
+}
+
+fn event_cell(report: &Value, event: &str) -> String {
+    let base = format!("/perf/{event}");
+    match report
+        .pointer(&format!("{base}/supported"))
+        .and_then(Value::as_bool)
+    {
+        Some(true) => {
+            let delta = at(report, &format!("{base}/delta")).unwrap_or_default();
+            match report
+                .pointer(&format!("{base}/expected_delta"))
+                .and_then(Value::as_u64)
+            {
+                Some(_) if report.pointer(&format!("{base}/exact")) == Some(&Value::Bool(true)) => {
+                    format!("{delta} (exact)")
+                }
+                Some(e) => format!("{delta} (expected {e})"),
+                None => delta,
+            }
+        }
+        Some(false) => format!(
+            "unsupported (errno {})",
+            at(report, &format!("{base}/errno")).unwrap_or_default()
+        ),
+        None => "-".to_string(),
+    }
+}
+
+/// The table rows: (label, value) for one run.
+pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
+    let r = match &run.outcome {
+        Outcome::Ok(r) => r,
+        Outcome::Skip(why) => return vec![("status", format!("SKIP({why})"))],
+        Outcome::Error(why) => {
+            return vec![(
+                "status",
+                format!("ERROR({})", why.lines().next().unwrap_or("")),
+            )]
+        }
+    };
+    let yes_no = |needle: &str| {
+        if dmesg_with(r, needle).is_some() {
+            "yes"
+        } else {
+            "no"
+        }
+        .to_string()
+    };
+    let sampling = match r.pointer("/sampling/supported").and_then(Value::as_bool) {
+        Some(true) => format!(
+            "{} samples (~{} expected), {} lost",
+            at(r, "/sampling/samples").unwrap_or_default(),
+            at(r, "/sampling/expected_about").unwrap_or_default(),
+            at(r, "/sampling/lost").unwrap_or_default()
+        ),
+        _ => format!(
+            "unsupported (errno {})",
+            at(r, "/sampling/errno").unwrap_or_default()
+        ),
+    };
+    vec![
+        ("status", format!("OK {:.1}s", run.elapsed.as_secs_f64())),
+        ("kernel", at(r, "/kernel").unwrap_or_default()),
+        ("cpus", at(r, "/cpus").unwrap_or_default()),
+        (
+            "hypervisor detected",
+            dmesg_with(r, "Hypervisor detected")
+                .map_or("no".into(), |l| l.replace("Hypervisor detected: ", "")),
+        ),
+        (
+            "pmu driver",
+            dmesg_with(r, "Performance Events:")
+                .or_else(|| dmesg_with(r, "hw perfevents:"))
+                .unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "clocksource",
+            at(r, "/clocksource/current").unwrap_or_default(),
+        ),
+        (
+            "clocksources available",
+            at(r, "/clocksource/available").unwrap_or_default(),
+        ),
+        ("dmesg kvm-clock", yes_no("kvm-clock")),
+        ("dmesg kvm-stealtime", yes_no("kvm-stealtime")),
+        ("dmesg arm-pv", yes_no("arm-pv")),
+        (
+            "smccc",
+            dmesg_with(r, "SMC Calling Convention").unwrap_or_else(|| "-".into()),
+        ),
+        ("perf instructions Δ", event_cell(r, "instructions")),
+        ("perf branches Δ", event_cell(r, "branches")),
+        ("perf cycles Δ", event_cell(r, "cycles")),
+        ("perf ref-cycles Δ", event_cell(r, "ref-cycles")),
+        ("perf sampling", sampling),
+        (
+            "steal ms over busy loop",
+            at(r, "/steal/total_delta_ms").unwrap_or_default(),
+        ),
+        (
+            "monotonic backwards",
+            at(r, "/clocks/monotonic_backwards").unwrap_or_default(),
+        ),
+        (
+            "realtime-monotonic spread ns",
+            at(r, "/clocks/realtime_minus_monotonic_spread_ns").unwrap_or_default(),
+        ),
+        (
+            "wall clock - host s",
+            run.wallclock_offset_s
+                .map_or("-".into(), |o| format!("{o:.2}")),
+        ),
+    ]
+}
+
+/// Side-by-side table for the runs of one architecture: rows = what the
+/// probe measured, columns = configurations.
+pub fn table(runs: &[&LinuxRun]) -> String {
+    let cols: Vec<Vec<(&str, String)>> = runs.iter().map(|r| rows(r)).collect();
+    let mut labels: Vec<&str> = Vec::new();
+    for c in &cols {
+        for (l, _) in c {
+            if !labels.contains(l) {
+                labels.push(l);
+            }
+        }
+    }
+    let lw = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let widths: Vec<usize> = runs
+        .iter()
+        .zip(&cols)
+        .map(|(r, c)| {
+            c.iter()
+                .map(|(_, v)| v.chars().count())
+                .chain([r.config.label().len()])
+                .max()
+                .unwrap_or(8)
+                .min(60)
+        })
+        .collect();
+    let mut out = format!("{:lw$}", "");
+    for (r, w) in runs.iter().zip(&widths) {
+        let _ = write!(out, " | {:w$}", r.config.label());
+    }
+    out.push('\n');
+    for l in labels {
+        let _ = write!(out, "{:lw$}", l);
+        for (c, w) in cols.iter().zip(&widths) {
+            let v = c
+                .iter()
+                .find(|(k, _)| *k == l)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("");
+            let v: String = v.chars().take(*w).collect();
+            let _ = write!(out, " | {v:w$}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The runs as one JSON document (for tests and CI).
+pub fn to_json(runs: &[LinuxRun]) -> Value {
+    Value::Array(
+        runs.iter()
+            .map(|r| {
+                let (status, reason, report) = match &r.outcome {
+                    Outcome::Ok(v) => ("ok", Value::Null, v.clone()),
+                    Outcome::Skip(w) => ("skip", Value::String(w.clone()), Value::Null),
+                    Outcome::Error(w) => ("error", Value::String(w.clone()), Value::Null),
+                };
+                serde_json::json!({
+                    "arch": r.config.arch.name(),
+                    "backend": r.config.backend.name(),
+                    "smp": r.config.smp,
+                    "status": status,
+                    "reason": reason,
+                    "elapsed_s": r.elapsed.as_secs_f64(),
+                    "wallclock_minus_host_s": r.wallclock_offset_s,
+                    "report": report,
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_with(console: &str, backend: Backend) -> LinuxRun {
+        LinuxRun {
+            config: Config {
+                arch: Arch::X86_64,
+                backend,
+                smp: 2,
+            },
+            outcome: match extract_report(console) {
+                Ok(v) => Outcome::Ok(v),
+                Err(e) => Outcome::Error(e),
+            },
+            wallclock_offset_s: Some(0.25),
+            elapsed: Duration::from_secs(5),
+            console: console.into(),
+        }
+    }
+
+    #[test]
+    fn report_extraction_and_errors() {
+        let ok = format!("boot\r\n{BEGIN_MARKER}\r\n{{\"a\":1}}\r\n{END_MARKER}\r\n");
+        assert_eq!(extract_report(&ok).unwrap(), serde_json::json!({"a": 1}));
+        assert!(extract_report("no probe")
+            .unwrap_err()
+            .contains("never started"));
+        assert!(extract_report(&format!("{BEGIN_MARKER}\n{{"))
+            .unwrap_err()
+            .contains("never ended"));
+        let garbled = format!("{BEGIN_MARKER}\n{{\"a\":\n{END_MARKER}\n");
+        assert!(extract_report(&garbled).unwrap_err().contains("garbled"));
+    }
+
+    #[test]
+    fn table_rows_summarise_the_report() {
+        let report = r#"{"kernel":"6.12","cpus":2,"clocksource":{"current":"tsc","available":["tsc","hpet"]},
+            "dmesg":["[    0.4] Performance Events: PMU not available due to virtualization, using software events only."],
+            "perf":{"instructions":{"supported":true,"delta":2000000,"expected_delta":2000000,"exact":true},
+                    "branches":{"supported":false,"errno":2}},
+            "sampling":{"supported":false,"errno":2},"steal":{"total_delta_ms":0},
+            "clocks":{"monotonic_backwards":0,"realtime_minus_monotonic_spread_ns":1000}}"#;
+        let console = format!(
+            "{BEGIN_MARKER}\n{}\n{END_MARKER}\n",
+            report.replace('\n', " ")
+        );
+        let run = run_with(&console, Backend::Tcg);
+        let cells = rows(&run);
+        let get = |k: &str| {
+            cells
+                .iter()
+                .find(|(l, _)| *l == k)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        assert_eq!(get("perf instructions Δ"), "2000000 (exact)");
+        assert_eq!(get("perf branches Δ"), "unsupported (errno 2)");
+        assert_eq!(get("clocksources available"), "tsc hpet");
+        assert!(get("pmu driver").starts_with("Performance Events: PMU not available"));
+        assert_eq!(get("dmesg kvm-clock"), "no");
+        assert_eq!(get("wall clock - host s"), "0.25");
+        let bad = run_with("kernel panic", Backend::Rustkvm);
+        assert!(rows(&bad)[0]
+            .1
+            .starts_with("ERROR(the probe's report never started"));
+        let t = table(&[&run, &bad]);
+        assert!(
+            t.contains("x86_64/tcg/smp2") && t.contains("x86_64/rustkvm/smp2"),
+            "{t}"
+        );
+        let j = to_json(&[run, bad]);
+        assert_eq!(j[0]["status"], "ok");
+        assert_eq!(j[1]["status"], "error");
+    }
+
+    #[test]
+    fn a_missing_image_names_the_build_step() {
+        let err = images_in(std::path::Path::new("/nonexistent"), Arch::Aarch64).unwrap_err();
+        assert!(
+            err.to_string().contains("scripts/build-linux-guests.sh"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn kvm_is_unavailable_for_a_foreign_architecture() {
+        let foreign = if std::env::consts::ARCH == "aarch64" {
+            Arch::X86_64
+        } else {
+            Arch::Aarch64
+        };
+        assert!(kvm_unavailable(foreign).unwrap().contains("runs only"));
+    }
+
+    #[test]
+    fn command_lines_per_backend() {
+        let k = std::path::Path::new("/k");
+        let c = Config {
+            arch: Arch::X86_64,
+            backend: Backend::Kvm,
+            smp: 1,
+        };
+        let a = command_args(c, k, k).join(" ");
+        assert!(
+            a.contains("-cpu host,-arch-capabilities -accel kvm -smp 1"),
+            "{a}"
+        );
+        let c = Config {
+            arch: Arch::Aarch64,
+            backend: Backend::Rustkvm,
+            smp: 2,
+        };
+        let a = command_args(c, k, k).join(" ");
+        assert!(a.contains("-M virt -cpu max -accel rustkvm -smp 2"), "{a}");
+        assert!(a.contains("console=ttyAMA0"), "{a}");
+    }
+}
