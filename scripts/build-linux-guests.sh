@@ -89,5 +89,9 @@ build_arch() {
     ok "$out/vmlinuz, $out/initramfs.cpio.gz"
 }
 
-build_arch x86_64 amd64 x86_64-unknown-linux-musl
-build_arch aarch64 arm64 aarch64-unknown-linux-musl
+# One architecture failing (a download, say) does not stop the other; the
+# runner then reports the missing one as ERROR.
+failed=()
+(build_arch x86_64 amd64 x86_64-unknown-linux-musl) || failed+=(x86_64)
+(build_arch aarch64 arm64 aarch64-unknown-linux-musl) || failed+=(aarch64)
+[ ${#failed[@]} -eq 0 ] || { echo "rustkvm: Linux guest images not built for: ${failed[*]}" >&2; exit 1; }

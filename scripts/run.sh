@@ -12,7 +12,9 @@ set -euo pipefail
 command -v cargo >/dev/null || die "cargo not found: rustkvm needs a Rust toolchain installed with rustup"
 bash "$RUSTKVM_ROOT/scripts/build-qemu.sh"
 bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
-bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh"
+# A Linux image that cannot be built is reported by rustkvm-linux as ERROR for
+# its configurations; everything else still runs.
+bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh" || echo "rustkvm: continuing without some Linux images" >&2
 cd "$RUSTKVM_ROOT"
 cargo build --release --quiet -p rustkvm-tests --bins || die "building the runners failed"
 step "boot the bundled guests (rustkvm-run)"
