@@ -84,6 +84,55 @@ uint32_t rustkvm_x86_wrmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t value);
 /** RDPMC with ECX = ecx, after the CR4.PCE/CPL check: HANDLED fills *value. */
 uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
 
+/* x86 CPUID policy (no vCPU: called while QEMU expands a CPU's features). */
+/**
+ * The bits of CPUID leaf/subleaf register `reg` (QEMU's numbering: EAX 0,
+ * ECX 1, EDX 2, EBX 3) rustkvm can offer, given what TCG offers (`tcg`).
+ */
+uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
+                                     uint32_t reg, uint32_t tcg);
+/** The bits named CPU models get by default, as under KVM. */
+uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
+                                    uint32_t reg);
+
+/* x86 hypercalls (VMCALL/VMMCALL, vCPU thread). */
+/** Nothing beyond writing RAX. */
+#define RUSTKVM_HC_NONE 0u
+/** End this vCPU's turn (KVM_HC_SCHED_YIELD). */
+#define RUSTKVM_HC_YIELD 1u
+/** Unhalt the vCPU whose APIC ID is `target`, then yield (KVM_HC_KICK_CPU). */
+#define RUSTKVM_HC_KICK 2u
+
+/** A hypercall as the guest made it. */
+typedef struct RustkvmHypercall {
+    /** RAX. */
+    uint64_t nr;
+    /** RBX, RCX, RDX, RSI. */
+    uint64_t args[4];
+    /** Current privilege level. */
+    uint32_t cpl;
+    /** 64-bit mode (EFER.LMA and CS.L); otherwise operands are 32-bit. */
+    bool long_mode;
+} RustkvmHypercall;
+
+/** What a hypercall returns and asks QEMU to do. */
+typedef struct RustkvmHypercallResult {
+    /** New RAX. */
+    uint64_t ret;
+    /** RUSTKVM_HC_*. */
+    uint32_t action;
+    /** APIC ID for RUSTKVM_HC_KICK. */
+    uint64_t target;
+} RustkvmHypercallResult;
+
+/** Execute a hypercall: HANDLED with *result filled (KVM's ABI). */
+uint32_t rustkvm_x86_hypercall(RustkvmVcpu *vcpu, const RustkvmHypercall *call,
+                               RustkvmHypercallResult *result);
+/** A KICK_CPU reached `vcpu`: its next (or current) HLT returns at once. */
+void rustkvm_x86_pv_kick(RustkvmVcpu *vcpu);
+/** Whether `vcpu` was kicked since it last consumed a kick (consumes it). */
+bool rustkvm_x86_take_pv_unhalt(RustkvmVcpu *vcpu);
+
 /* arm64 routing points (vCPU thread). */
 /**
  * HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =

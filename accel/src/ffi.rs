@@ -255,6 +255,90 @@ pub unsafe extern "C" fn rustkvm_x86_rdpmc(
     }
 }
 
+/// CPUID policy: which bits rustkvm can offer.
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_cpuid_supported(
+    leaf: u32,
+    subleaf: u32,
+    reg: u32,
+    tcg: u32,
+) -> u32 {
+    crate::x86::cpuid::supported(leaf, subleaf, reg, tcg)
+}
+
+/// CPUID policy: which bits named models get by default.
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
+    crate::x86::cpuid::defaults(leaf, subleaf, reg)
+}
+
+/// Hypercall routing point.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `call` is NULL or valid; `result` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_hypercall(
+    vcpu: *mut RustkvmVcpu,
+    call: *const header::RustkvmHypercall,
+    result: *mut header::RustkvmHypercallResult,
+) -> u32 {
+    use crate::x86::hypercall::{Action, Call};
+    // SAFETY: forwarded caller contract for all three pointers.
+    let (Some(v), Some(c), Some(out)) = (
+        unsafe { vcpu_ref(vcpu) },
+        unsafe { call.as_ref() },
+        unsafe { result.as_mut() },
+    ) else {
+        return header::RUSTKVM_UNHANDLED;
+    };
+    let o = v.hypercall(Call {
+        nr: c.nr,
+        args: c.args,
+        cpl: c.cpl.min(3) as u8,
+        long_mode: c.long_mode,
+    });
+    let (action, target) = match o.action {
+        Action::None => (header::RUSTKVM_HC_NONE, 0),
+        Action::Yield => (header::RUSTKVM_HC_YIELD, 0),
+        Action::Kick(apic) => (header::RUSTKVM_HC_KICK, apic),
+    };
+    *out = header::RustkvmHypercallResult {
+        ret: o.ret,
+        action,
+        target,
+    };
+    header::RUSTKVM_HANDLED
+}
+
+/// Record a kick aimed at `vcpu`.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_pv_kick(vcpu: *mut RustkvmVcpu) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.pv_kick();
+    }
+}
+
+/// Consume a pending kick.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_take_pv_unhalt(vcpu: *mut RustkvmVcpu) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu) }.is_some_and(Vcpu::take_pv_unhalt)
+}
+
 /// HVC/SMC routing point.
 ///
 /// # Safety
@@ -393,6 +477,39 @@ mod tests {
                 rustkvm_arm_pmu_write(v0, 0xdce0, 1),
                 header::RUSTKVM_UNHANDLED
             );
+            let call = header::RustkvmHypercall {
+                nr: 5,
+                args: [0, 3, 0, 0],
+                cpl: 0,
+                long_mode: true,
+            };
+            let mut res = header::RustkvmHypercallResult {
+                ret: 9,
+                action: 9,
+                target: 9,
+            };
+            assert_eq!(
+                rustkvm_x86_hypercall(v0, &call, &mut res),
+                header::RUSTKVM_HANDLED
+            );
+            assert_eq!(
+                (res.ret, res.action, res.target),
+                (0, header::RUSTKVM_HC_KICK, 3)
+            );
+            assert_eq!(
+                rustkvm_x86_hypercall(v0, &call, std::ptr::null_mut()),
+                header::RUSTKVM_UNHANDLED
+            );
+            assert!(!rustkvm_x86_take_pv_unhalt(v0));
+            rustkvm_x86_pv_kick(v0);
+            rustkvm_x86_pv_kick(std::ptr::null_mut());
+            assert!(rustkvm_x86_take_pv_unhalt(v0));
+            assert!(!rustkvm_x86_take_pv_unhalt(std::ptr::null_mut()));
+            assert_eq!(
+                rustkvm_x86_cpuid_supported(0x4000_0001, 0, 0, 0) & 0x80,
+                0x80
+            );
+            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x2);
             rustkvm_vcpu_reset(v0);
             rustkvm_vcpu_reset(std::ptr::null_mut());
 

@@ -15,6 +15,7 @@ pub mod error;
 pub mod ffi;
 pub mod vcpu;
 pub mod vm;
+pub mod x86;
 
 pub use error::AccelError;
 pub use vcpu::{Route, RouteCounts, Vcpu, VcpuState};

@@ -5,10 +5,12 @@
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::vm::Arch;
+use crate::x86::hypercall;
 
 /// The answer of a routing point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub struct RouteCounts {
     pub wrmsr: u64,
     /// x86 RDPMC instructions that passed the CR4.PCE/CPL check.
     pub rdpmc: u64,
+    /// x86 hypercalls (VMCALL/VMMCALL).
+    pub hypercall: u64,
     /// arm64 HVC/SMC calls on the PSCI conduit.
     pub hvc_smc: u64,
     /// arm64 PMU system register reads.
@@ -45,11 +49,12 @@ impl fmt::Display for RouteCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hvc_smc={} pmu_read={} pmu_write={}",
+            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hypercall={} hvc_smc={} pmu_read={} pmu_write={}",
             self.cpuid,
             self.rdmsr,
             self.wrmsr,
             self.rdpmc,
+            self.hypercall,
             self.hvc_smc,
             self.pmu_read,
             self.pmu_write
@@ -76,6 +81,8 @@ pub struct Vcpu {
     // Touched by the vCPU's own thread on every routed access and, rarely, by
     // the main thread (introspection, exit report): never contended in practice.
     state: Mutex<VcpuState>,
+    // Set by another vCPU's KVM_HC_KICK_CPU, consumed by this vCPU's HLT.
+    pv_unhalt: AtomicBool,
 }
 
 impl Vcpu {
@@ -85,6 +92,7 @@ impl Vcpu {
             index,
             arch,
             state: Mutex::new(VcpuState::default()),
+            pv_unhalt: AtomicBool::new(false),
         }
     }
 
@@ -137,6 +145,22 @@ impl Vcpu {
         Route::Unhandled
     }
 
+    /// A KVM hypercall (VMCALL/VMMCALL).
+    pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
+        self.lock().routes.hypercall += 1;
+        hypercall::handle(call, hypercall::Enforce(None))
+    }
+
+    /// Record a KVM_HC_KICK_CPU aimed at this vCPU.
+    pub fn pv_kick(&self) {
+        self.pv_unhalt.store(true, Ordering::Release);
+    }
+
+    /// Consume a pending kick: true if one was pending.
+    pub fn take_pv_unhalt(&self) -> bool {
+        self.pv_unhalt.swap(false, Ordering::AcqRel)
+    }
+
     /// HVC/SMC with x0..x7; a handled call returns x0..x3.
     pub fn hvc_smc(&self, _is_smc: bool, _regs: [u64; 8]) -> Route<[u64; 4]> {
         self.lock().routes.hvc_smc += 1;
@@ -177,6 +201,16 @@ mod tests {
     }
 
     #[test]
+    fn kicks_are_remembered_until_consumed_once() {
+        let v = Vcpu::new(0, Arch::X86_64);
+        assert!(!v.take_pv_unhalt());
+        v.pv_kick();
+        v.pv_kick();
+        assert!(v.take_pv_unhalt());
+        assert!(!v.take_pv_unhalt(), "two kicks before a halt unhalt once");
+    }
+
+    #[test]
     fn routes_and_resets_are_counted() {
         let v = Vcpu::new(3, Arch::X86_64);
         v.reset();
@@ -200,7 +234,7 @@ mod tests {
         );
         assert_eq!(
             s.routes.to_string(),
-            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hvc_smc=0 pmu_read=0 pmu_write=0"
+            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0"
         );
     }
 }

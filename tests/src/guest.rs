@@ -11,7 +11,10 @@
 //!   least 2);
 //! - `timeout`: seconds before the run is killed and reported FAIL (default 30);
 //! - `vary`: `measure` keys whose values legitimately differ between runs or
-//!   backends, left out of the cross-backend comparison.
+//!   backends, left out of the cross-backend comparison;
+//! - `cpu`: the `-cpu` model (default: QEMU's default for the machine);
+//! - `compare`: `off` for a test whose results differ between backends by
+//!   design (it checks a rustkvm feature and SKIPs where it is absent).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -36,6 +39,10 @@ pub struct GuestTest {
     pub timeout: Duration,
     /// `measure` keys excluded from cross-backend comparison.
     pub vary: Vec<String>,
+    /// `-cpu` model, if not the machine's default.
+    pub cpu: Option<String>,
+    /// Whether rustkvm's lines must equal tcg's.
+    pub compare: bool,
 }
 
 impl GuestTest {
@@ -51,6 +58,8 @@ impl GuestTest {
             smp: 1,
             timeout: Duration::from_secs(30),
             vary: Vec::new(),
+            cpu: None,
+            compare: true,
         };
         let mut seen = false;
         for line in text.lines() {
@@ -87,6 +96,14 @@ impl GuestTest {
                         test.timeout = Duration::from_secs(secs);
                     }
                     "vary" => test.vary.extend(value.split(',').map(str::to_string)),
+                    "cpu" => test.cpu = Some(value.to_string()),
+                    "compare" => {
+                        test.compare = match value {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad(format!("compare={value} is not on/off"))),
+                        }
+                    }
                     other => return Err(bad(format!("unknown key '{other}'"))),
                 }
             }
@@ -151,13 +168,15 @@ mod tests {
     fn parses_all_keys() {
         let t = GuestTest::parse(
             "g",
-            "//! rustkvm-test: arch=x86_64,aarch64 smp=2\n//! rustkvm-test: timeout=5 vary=a,b\nfn x() {}\n",
+            "//! rustkvm-test: arch=x86_64,aarch64 smp=2\n//! rustkvm-test: timeout=5 vary=a,b cpu=max compare=off\nfn x() {}\n",
         )
         .unwrap();
         assert_eq!(t.arches, vec![Arch::X86_64, Arch::Aarch64]);
         assert_eq!(t.smp, 2);
         assert_eq!(t.timeout, Duration::from_secs(5));
         assert_eq!(t.vary, vec!["a", "b"]);
+        assert_eq!(t.cpu.as_deref(), Some("max"));
+        assert!(!t.compare);
     }
 
     #[test]
@@ -170,6 +189,7 @@ mod tests {
             "//! rustkvm-test: arch=x86_64 timeout=soon",
             "//! rustkvm-test: arch=x86_64 colour=blue",
             "//! rustkvm-test: arch",
+            "//! rustkvm-test: arch=x86_64 compare=maybe",
         ] {
             let err = GuestTest::parse("g", text).unwrap_err();
             assert!(

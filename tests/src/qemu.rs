@@ -211,6 +211,7 @@ pub fn command_args(
     backend: Backend,
     variant: Variant,
     smp: u32,
+    cpu: Option<&str>,
     kernel: &Path,
 ) -> Vec<String> {
     let mut accel = backend.accel().to_string();
@@ -245,6 +246,9 @@ pub fn command_args(
         .map(|s| s.to_string()),
     );
     args.push(kernel.display().to_string());
+    if let Some(cpu) = cpu {
+        args.extend(["-cpu".to_string(), cpu.to_string()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
@@ -266,13 +270,20 @@ mod tests {
     #[test]
     fn variants_shape_the_command_line() {
         let k = Path::new("/k");
-        let a = command_args(Arch::X86_64, Backend::Rustkvm, Variant::MttcgSmp2, 1, k);
+        let a = command_args(
+            Arch::X86_64,
+            Backend::Rustkvm,
+            Variant::MttcgSmp2,
+            1,
+            Some("max"),
+            k,
+        );
         let s = a.join(" ");
         assert!(
             s.contains("-accel rustkvm,stats=on,thread=multi -smp 2"),
             "{s}"
         );
-        let a = command_args(Arch::Aarch64, Backend::Tcg, Variant::Icount, 3, k);
+        let a = command_args(Arch::Aarch64, Backend::Tcg, Variant::Icount, 3, None, k);
         let s = a.join(" ");
         assert!(s.contains("-accel tcg -smp 3"), "{s}");
         assert!(s.ends_with("-kernel /k -icount shift=0"), "{s}");

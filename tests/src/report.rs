@@ -227,6 +227,8 @@ mod tests {
             smp: 1,
             timeout: Duration::from_secs(1),
             vary: vec!["t".into()],
+            cpu: None,
+            compare: true,
         }
     }
 

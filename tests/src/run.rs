@@ -140,7 +140,14 @@ pub fn run_with(
         return Err(HarnessError::NotBuilt(kernel, "scripts/build-guests.sh"));
     }
     let exe = qemu::emulator(arch)?;
-    let mut args = qemu::command_args(arch, backend, variant, test.smp, &kernel);
+    let mut args = qemu::command_args(
+        arch,
+        backend,
+        variant,
+        test.smp,
+        test.cpu.as_deref(),
+        &kernel,
+    );
     if !opts.accel_opts.is_empty() {
         // command_args puts the -accel value right after "-accel".
         if let Some(i) = args.iter().position(|a| a == "-accel") {

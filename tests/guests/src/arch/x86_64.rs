@@ -337,33 +337,46 @@ pub fn rdtsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// VMCALL with KVM's hypercall ABI (nr in RAX, args RBX, RCX, RDX, RSI,
-/// result in RAX), catching #UD.
+/// Issue a hypercall instruction (`vmcall` or `vmmcall`) with KVM's ABI (nr
+/// in RAX, args RBX, RCX, RDX, RSI, result in RAX), catching #UD.
+macro_rules! hypercall {
+    ($insn:literal, $nr:expr, $args:expr) => {{
+        let args: [u64; 4] = $args;
+        let ret: u64;
+        // SAFETY: RBX (reserved by LLVM) is saved and restored around the
+        // call, after the recovery label so a fault restores it too.
+        unsafe {
+            asm!(
+                "mov {save}, rbx",
+                "mov rbx, {a0}",
+                "lea {tmp}, [rip + 2f]",
+                "mov [rip + guest_recover_rip], {tmp}",
+                $insn,
+                "2:",
+                "mov qword ptr [rip + guest_recover_rip], 0",
+                "mov rbx, {save}",
+                save = out(reg) _,
+                tmp = out(reg) _,
+                a0 = in(reg) args[0],
+                inout("rax") $nr => ret,
+                in("rcx") args[1],
+                in("rdx") args[2],
+                in("rsi") args[3],
+            );
+        }
+        match take_fault() {
+            None => Ok(ret),
+            Some(f) => Err(f),
+        }
+    }};
+}
+
+/// VMCALL (Intel's hypercall instruction) with KVM's ABI, catching #UD.
 pub fn vmcall(nr: u64, args: [u64; 4]) -> Result<u64, Fault> {
-    let ret: u64;
-    // SAFETY: RBX (reserved by LLVM) is saved and restored around the call,
-    // after the recovery label so a fault restores it too.
-    unsafe {
-        asm!(
-            "mov {save}, rbx",
-            "mov rbx, {a0}",
-            "lea {tmp}, [rip + 2f]",
-            "mov [rip + guest_recover_rip], {tmp}",
-            "vmcall",
-            "2:",
-            "mov qword ptr [rip + guest_recover_rip], 0",
-            "mov rbx, {save}",
-            save = out(reg) _,
-            tmp = out(reg) _,
-            a0 = in(reg) args[0],
-            inout("rax") nr => ret,
-            in("rcx") args[1],
-            in("rdx") args[2],
-            in("rsi") args[3],
-        );
-    }
-    match take_fault() {
-        None => Ok(ret),
-        Some(f) => Err(f),
-    }
+    hypercall!("vmcall", nr, args)
+}
+
+/// VMMCALL (AMD's hypercall instruction) with KVM's ABI, catching #UD.
+pub fn vmmcall(nr: u64, args: [u64; 4]) -> Result<u64, Fault> {
+    hypercall!("vmmcall", nr, args)
 }

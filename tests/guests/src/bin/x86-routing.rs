@@ -1,10 +1,10 @@
-//! rustkvm-test: arch=x86_64
+//! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield
 //!
 //! Exercises every x86 instruction rustkvm routes into Rust (CPUID, RDMSR,
-//! WRMSR, RDPMC) plus VMCALL, and records how each is answered. With no
-//! rustkvm feature enabled every answer must be TCG's own (the runner checks
-//! the rustkvm output line for line against tcg's); features that change an
-//! answer update this guest with a per-backend expectation.
+//! WRMSR, RDPMC) plus VMCALL, and records how each is answered. Every answer
+//! must be TCG's own (the runner checks rustkvm's output line for line against
+//! tcg's) except VMCALL, which rustkvm answers as a KVM hypercall
+//! (x86-kvm-pv checks that).
 #![no_std]
 #![no_main]
 

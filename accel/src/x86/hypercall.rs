@@ -1,0 +1,216 @@
+//! KVM hypercalls (VMCALL/VMMCALL).
+//!
+//! Spec: Linux `Documentation/virt/kvm/x86/hypercalls.rst`,
+//! `arch/x86/kvm/x86.c` (`kvm_emulate_hypercall`, `____kvm_emulate_hypercall`),
+//! `include/uapi/linux/kvm_para.h`.
+//!
+//! ABI: nr in RAX, arguments in RBX, RCX, RDX, RSI, result in RAX. Outside
+//! 64-bit mode the number and arguments are truncated to 32 bits, and so is
+//! the result. From CPL > 0 every call returns −KVM_EPERM.
+
+/// KVM_HC_VAPIC_POLL_IRQ: returns 0.
+pub const KVM_HC_VAPIC_POLL_IRQ: u64 = 1;
+/// KVM_HC_KICK_CPU(flags, apic_id): wake a vCPU halted in a PV spinlock.
+pub const KVM_HC_KICK_CPU: u64 = 5;
+/// KVM_HC_CLOCK_PAIRING(gpa, type).
+pub const KVM_HC_CLOCK_PAIRING: u64 = 9;
+/// KVM_HC_SEND_IPI.
+pub const KVM_HC_SEND_IPI: u64 = 10;
+/// KVM_HC_SCHED_YIELD(apic_id): give up the CPU (to a preempted lock holder).
+pub const KVM_HC_SCHED_YIELD: u64 = 11;
+/// KVM_HC_MAP_GPA_RANGE.
+pub const KVM_HC_MAP_GPA_RANGE: u64 = 12;
+
+/// KVM_ENOSYS: unknown hypercall.
+pub const KVM_ENOSYS: u64 = 1000;
+/// KVM_EPERM: hypercall from CPL > 0.
+pub const KVM_EPERM: u64 = 1;
+/// KVM_EOPNOTSUPP: operation not supported.
+pub const KVM_EOPNOTSUPP: u64 = 95;
+
+/// A hypercall as the guest made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// RAX.
+    pub nr: u64,
+    /// RBX, RCX, RDX, RSI.
+    pub args: [u64; 4],
+    /// Current privilege level.
+    pub cpl: u8,
+    /// 64-bit mode (long mode with CS.L): otherwise 32-bit operands.
+    pub long_mode: bool,
+}
+
+/// What the accelerator must do besides writing RAX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing.
+    None,
+    /// End this vCPU's turn (KVM_HC_SCHED_YIELD).
+    Yield,
+    /// Unhalt the vCPU with this APIC ID (KVM_HC_KICK_CPU), then yield.
+    Kick(u64),
+}
+
+/// The result of a hypercall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// New RAX.
+    pub ret: u64,
+    /// Side effect for the accelerator.
+    pub action: Action,
+}
+
+/// Which PV features the guest was offered (KVM checks them only with
+/// KVM_CAP_ENFORCE_PV_FEATURE_CPUID, which QEMU leaves off by default: then
+/// every implemented hypercall works).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enforce(pub Option<u32>);
+
+impl Enforce {
+    fn allows(self, feature: u32) -> bool {
+        self.0.is_none_or(|f| f & feature != 0)
+    }
+}
+
+/// Decode and execute a hypercall.
+pub fn handle(call: Call, enforce: Enforce) -> Outcome {
+    use super::cpuid::{KVM_FEATURE_PV_SCHED_YIELD, KVM_FEATURE_PV_UNHALT};
+    let mask = if call.long_mode {
+        u64::MAX
+    } else {
+        u64::from(u32::MAX)
+    };
+    let nr = call.nr & mask;
+    let a = call.args.map(|x| x & mask);
+    let neg = |e: u64| e.wrapping_neg();
+    let (ret, action) = if call.cpl != 0 {
+        (neg(KVM_EPERM), Action::None)
+    } else {
+        match nr {
+            KVM_HC_VAPIC_POLL_IRQ => (0, Action::None),
+            KVM_HC_KICK_CPU if enforce.allows(KVM_FEATURE_PV_UNHALT) => (0, Action::Kick(a[1])),
+            KVM_HC_SCHED_YIELD if enforce.allows(KVM_FEATURE_PV_SCHED_YIELD) => (0, Action::Yield),
+            // kvmclock is not implemented yet: KVM answers EOPNOTSUPP when it
+            // cannot pair the clocks.
+            KVM_HC_CLOCK_PAIRING => (neg(KVM_EOPNOTSUPP), Action::None),
+            _ => (neg(KVM_ENOSYS), Action::None),
+        }
+    };
+    Outcome {
+        ret: ret & mask,
+        action,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(nr: u64) -> Call {
+        Call {
+            nr,
+            args: [0; 4],
+            cpl: 0,
+            long_mode: true,
+        }
+    }
+    const OFF: Enforce = Enforce(None);
+
+    #[test]
+    fn unknown_numbers_return_minus_kvm_enosys() {
+        for nr in [
+            0,
+            2,
+            3,
+            4,
+            6,
+            7,
+            8,
+            KVM_HC_MAP_GPA_RANGE,
+            KVM_HC_SEND_IPI,
+            13,
+            1 << 40,
+            u64::MAX,
+        ] {
+            let o = handle(call(nr), OFF);
+            assert_eq!(o.ret as i64, -1000, "nr {nr}");
+            assert_eq!(o.action, Action::None);
+        }
+    }
+
+    #[test]
+    fn cpl_above_zero_gets_minus_kvm_eperm_for_everything() {
+        for cpl in 1..=3 {
+            for nr in [
+                KVM_HC_VAPIC_POLL_IRQ,
+                KVM_HC_KICK_CPU,
+                KVM_HC_SCHED_YIELD,
+                77,
+            ] {
+                let o = handle(Call { cpl, ..call(nr) }, OFF);
+                assert_eq!((o.ret as i64, o.action), (-1, Action::None));
+            }
+        }
+    }
+
+    #[test]
+    fn thirty_two_bit_mode_truncates_number_arguments_and_result() {
+        let c = Call {
+            nr: 0xffff_ffff_0000_0000 | KVM_HC_KICK_CPU,
+            args: [0, 0xdead_0000_0000_0003, 0, 0],
+            cpl: 0,
+            long_mode: false,
+        };
+        assert_eq!(
+            handle(c, OFF),
+            Outcome {
+                ret: 0,
+                action: Action::Kick(3)
+            }
+        );
+        let o = handle(
+            Call {
+                nr: 99,
+                long_mode: false,
+                ..call(0)
+            },
+            OFF,
+        );
+        assert_eq!(o.ret, u64::from((-1000i32) as u32), "(u32)-KVM_ENOSYS");
+        let o = handle(Call { nr: 99, ..call(0) }, OFF);
+        assert_eq!(o.ret, (-1000i64) as u64);
+    }
+
+    #[test]
+    fn implemented_calls() {
+        assert_eq!(handle(call(KVM_HC_VAPIC_POLL_IRQ), OFF).ret, 0);
+        let kick = Call {
+            args: [0, 7, 0, 0],
+            ..call(KVM_HC_KICK_CPU)
+        };
+        assert_eq!(
+            handle(kick, OFF),
+            Outcome {
+                ret: 0,
+                action: Action::Kick(7)
+            }
+        );
+        assert_eq!(
+            handle(call(KVM_HC_SCHED_YIELD), OFF),
+            Outcome {
+                ret: 0,
+                action: Action::Yield
+            }
+        );
+        assert_eq!(handle(call(KVM_HC_CLOCK_PAIRING), OFF).ret as i64, -95);
+    }
+
+    #[test]
+    fn enforced_cpuid_turns_unoffered_calls_into_enosys() {
+        let none = Enforce(Some(0));
+        assert_eq!(handle(call(KVM_HC_KICK_CPU), none).ret as i64, -1000);
+        assert_eq!(handle(call(KVM_HC_SCHED_YIELD), none).ret as i64, -1000);
+        assert_eq!(handle(call(KVM_HC_VAPIC_POLL_IRQ), none).ret, 0);
+    }
+}

@@ -1,0 +1,94 @@
+//! rustkvm-test: arch=x86_64 cpu=max compare=off
+//!
+//! KVM's paravirtual interface as a KVM guest sees it: the signature and
+//! feature leaves, and hypercalls through VMCALL and VMMCALL. SKIPs where
+//! there is no KVM signature (plain TCG).
+//! Spec: Linux Documentation/virt/kvm/x86/cpuid.rst, hypercalls.rst;
+//! arch/x86/kvm/x86.c (kvm_emulate_hypercall).
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-kvm-pv", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    use guest::arch;
+
+    /// KVM_FEATURE_PV_UNHALT.
+    const PV_UNHALT: u32 = 1 << 7;
+    /// KVM_FEATURE_PV_SCHED_YIELD.
+    const PV_SCHED_YIELD: u32 = 1 << 13;
+    /// −KVM_ENOSYS.
+    const ENOSYS: u64 = (-1000i64) as u64;
+    /// −KVM_EOPNOTSUPP.
+    const EOPNOTSUPP: u64 = (-95i64) as u64;
+    const KVM_HC_VAPIC_POLL_IRQ: u64 = 1;
+    const KVM_HC_KICK_CPU: u64 = 5;
+    const KVM_HC_CLOCK_PAIRING: u64 = 9;
+    const KVM_HC_SCHED_YIELD: u64 = 11;
+
+    let h = arch::cpuid(0x4000_0000, 0);
+    let sig = arch::cpuid_string([h[1], h[2], h[3]]);
+    if &sig != b"KVMKVMKVM\0\0\0" {
+        t.skip("kvm-signature", "no KVM signature at CPUID 0x40000000");
+        return;
+    }
+    t.check("kvm-signature", true, format_args!(""));
+    t.eq("kvm-max-leaf", h[0], 0x4000_0001);
+    let f = arch::cpuid(0x4000_0001, 0);
+    t.measure("cpuid.40000001.eax", format_args!("{:#x}", f[0]));
+    t.measure("cpuid.40000001.edx", format_args!("{:#x}", f[3]));
+    let want = PV_UNHALT | PV_SCHED_YIELD;
+    t.eq("pv-unhalt-and-sched-yield-offered", f[0] & want, want);
+
+    t.eq(
+        "vmcall-unknown-enosys",
+        arch::vmcall(0x1234, [1, 2, 3, 4]),
+        Ok(ENOSYS),
+    );
+    t.eq(
+        "vmmcall-unknown-enosys",
+        arch::vmmcall(0x1234, [0; 4]),
+        Ok(ENOSYS),
+    );
+    t.eq(
+        "vmcall-huge-number-enosys",
+        arch::vmcall(u64::MAX, [0; 4]),
+        Ok(ENOSYS),
+    );
+    t.eq(
+        "vapic-poll-irq",
+        arch::vmcall(KVM_HC_VAPIC_POLL_IRQ, [0; 4]),
+        Ok(0),
+    );
+    t.eq(
+        "sched-yield",
+        arch::vmcall(KVM_HC_SCHED_YIELD, [0, 0, 0, 0]),
+        Ok(0),
+    );
+    t.eq(
+        "sched-yield-vmmcall",
+        arch::vmmcall(KVM_HC_SCHED_YIELD, [1, 0, 0, 0]),
+        Ok(0),
+    );
+    // Kicking an APIC ID nobody has is not an error (KVM finds no target).
+    t.eq(
+        "kick-missing-cpu",
+        arch::vmcall(KVM_HC_KICK_CPU, [0, 200, 0, 0]),
+        Ok(0),
+    );
+    let pairing = arch::vmcall(KVM_HC_CLOCK_PAIRING, [0, 0, 0, 0]);
+    t.measure("clock-pairing", format_args!("{pairing:?}"));
+    t.check(
+        "clock-pairing-without-kvmclock",
+        pairing == Ok(EOPNOTSUPP) || f[0] & 1 != 0,
+        format_args!("{pairing:?}"),
+    );
+}
