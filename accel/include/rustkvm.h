@@ -46,6 +46,14 @@
 /** Opaque per-vCPU state owned by Rust. */
 typedef struct RustkvmVcpu RustkvmVcpu;
 
+/** Services QEMU provides to the models (any may be NULL: then refused). */
+typedef struct RustkvmHostOps {
+    /** Read len bytes of guest RAM at gpa; false, nothing read, unless all RAM. */
+    bool (*ram_read)(uint64_t gpa, void *buf, uint64_t len);
+    /** Write len bytes of guest RAM at gpa; false, nothing written, unless all writable RAM. */
+    bool (*ram_write)(uint64_t gpa, const void *buf, uint64_t len);
+} RustkvmHostOps;
+
 /** Machine-wide options, from -accel rustkvm,... properties. */
 typedef struct RustkvmConfig {
     /** RUSTKVM_ARCH_*. */
@@ -54,6 +62,10 @@ typedef struct RustkvmConfig {
     uint32_t max_cpus;
     /** -accel rustkvm,stats=on: print per-vCPU routing counts at exit. */
     bool stats;
+    /** One host thread per vCPU (MTTCG); false: round-robin on one thread. */
+    bool mttcg;
+    /** Guest memory access and other services. */
+    RustkvmHostOps ops;
 } RustkvmConfig;
 
 /* Lifecycle (main thread, BQL held). */
@@ -69,6 +81,10 @@ RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
 void rustkvm_vcpu_reset(RustkvmVcpu *vcpu);
 /** Destroy a vCPU (unplug, or exit); `vcpu` may be NULL. */
 void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
+/** The vCPU thread is about to execute guest code (steal time is folded in). */
+void rustkvm_vcpu_run_begin(RustkvmVcpu *vcpu);
+/** The vCPU thread left guest execution; `halted`: it stopped voluntarily. */
+void rustkvm_vcpu_run_end(RustkvmVcpu *vcpu, bool halted);
 
 /* x86 routing points (vCPU thread). */
 /**

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
+use crate::memory::GuestMemory;
 use crate::vcpu::{Route, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 
@@ -62,15 +63,45 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     let result = arch_from_c(config.arch)
         .and_then(|arch| VmConfig::new(arch, config.max_cpus, config.stats));
     let vm_config = match result {
-        Ok(c) => c,
+        Ok(c) => VmConfig {
+            mttcg: config.mttcg,
+            ..c
+        },
         Err(e) => return error_code(e),
     };
     let mut vm = VM.lock();
     if vm.is_some() {
         return error_code(AccelError::MachineExists);
     }
-    *vm = Some(Arc::new(Vm::new(vm_config)));
+    let memory = Box::new(HostMemory(config.ops));
+    *vm = Some(Arc::new(Vm::with_memory(vm_config, memory)));
     header::RUSTKVM_OK
+}
+
+/// Guest RAM through QEMU's callbacks.
+struct HostMemory(header::RustkvmHostOps);
+
+// SAFETY: the callbacks are plain C functions that QEMU makes safe to call
+// from any vCPU thread (they take the RCU read lock themselves).
+unsafe impl Send for HostMemory {}
+// SAFETY: as above; they hold no state of ours.
+unsafe impl Sync for HostMemory {}
+
+impl GuestMemory for HostMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        match self.0.ram_read {
+            // SAFETY: buf is valid for buf.len() bytes; QEMU writes at most that.
+            Some(f) => unsafe { f(gpa, buf.as_mut_ptr().cast(), buf.len() as u64) },
+            None => false,
+        }
+    }
+    fn write(&self, gpa: u64, buf: &[u8]) -> bool {
+        match self.0.ram_write {
+            // SAFETY: buf is valid for buf.len() bytes; QEMU only reads it.
+            Some(f) => unsafe { f(gpa, buf.as_ptr().cast(), buf.len() as u64) },
+            None => false,
+        }
+    }
 }
 
 /// A static, NUL-terminated description of a `rustkvm_machine_init` error.
@@ -138,6 +169,30 @@ pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
         v.reset();
+    }
+}
+
+/// The vCPU is about to run guest code.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; called on the vCPU's own thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_vcpu_run_begin(vcpu: *mut RustkvmVcpu) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.run_begin();
+    }
+}
+
+/// The vCPU left guest code.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; called on the vCPU's own thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_vcpu_run_end(vcpu: *mut RustkvmVcpu, halted: bool) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.run_end(halted);
     }
 }
 
@@ -412,10 +467,16 @@ mod tests {
                 rustkvm_machine_init(std::ptr::null()),
                 header::RUSTKVM_EINVAL_CPUS
             );
+            let no_ops = header::RustkvmHostOps {
+                ram_read: None,
+                ram_write: None,
+            };
             let bad_arch = RustkvmConfig {
                 arch: 9,
                 max_cpus: 1,
                 stats: false,
+                mttcg: true,
+                ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&bad_arch), header::RUSTKVM_EINVAL_ARCH);
             assert!(rustkvm_vcpu_create(0).is_null(), "no machine yet");
@@ -424,6 +485,8 @@ mod tests {
                 arch: header::RUSTKVM_ARCH_X86_64,
                 max_cpus: 2,
                 stats: false,
+                mttcg: true,
+                ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&cfg), header::RUSTKVM_OK);
             assert_eq!(rustkvm_machine_init(&cfg), header::RUSTKVM_EBUSY);
@@ -509,7 +572,7 @@ mod tests {
                 rustkvm_x86_cpuid_supported(0x4000_0001, 0, 0, 0) & 0x80,
                 0x80
             );
-            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x2);
+            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x22);
             rustkvm_vcpu_reset(v0);
             rustkvm_vcpu_reset(std::ptr::null_mut());
 

@@ -13,6 +13,8 @@
 
 pub mod error;
 pub mod ffi;
+pub mod host;
+pub mod memory;
 pub mod vcpu;
 pub mod vm;
 pub mod x86;

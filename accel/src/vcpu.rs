@@ -6,11 +6,14 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::vm::Arch;
+use crate::memory::NoMemory;
+use crate::vm::{Arch, Shared};
 use crate::x86::hypercall;
+use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 
 /// The answer of a routing point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +74,8 @@ pub struct VcpuState {
     pub resets: u64,
     /// Routing-point hits since creation.
     pub routes: RouteCounts,
+    /// x86 steal time.
+    pub steal: StealTime,
 }
 
 /// One vCPU of a [`crate::Vm`].
@@ -83,16 +88,23 @@ pub struct Vcpu {
     state: Mutex<VcpuState>,
     // Set by another vCPU's KVM_HC_KICK_CPU, consumed by this vCPU's HLT.
     pv_unhalt: AtomicBool,
+    shared: Arc<Shared>,
 }
 
 impl Vcpu {
-    /// A vCPU in its creation state.
+    /// A vCPU in its creation state, alone, without guest memory.
     pub fn new(index: u32, arch: Arch) -> Self {
+        Self::with_shared(index, arch, Arc::new(Shared::new(Box::new(NoMemory), true)))
+    }
+
+    /// A vCPU of a machine.
+    pub fn with_shared(index: u32, arch: Arch, shared: Arc<Shared>) -> Self {
         Vcpu {
             index,
             arch,
             state: Mutex::new(VcpuState::default()),
             pv_unhalt: AtomicBool::new(false),
+            shared,
         }
     }
 
@@ -116,9 +128,37 @@ impl Vcpu {
     }
 
     /// Architectural reset. Statistics survive resets; guest-visible state
-    /// added by later features is reset here.
+    /// is reset (steal time off, as QEMU zeroes the MSR on reset).
     pub fn reset(&self) {
-        self.lock().resets += 1;
+        let mut s = self.lock();
+        s.resets += 1;
+        s.steal = StealTime::default();
+        self.pv_unhalt.store(false, Ordering::Relaxed);
+    }
+
+    /// The vCPU's thread is about to run guest code.
+    pub fn run_begin(&self) {
+        let mut s = self.lock();
+        if s.steal.enabled() {
+            let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
+            s.steal
+                .enter(&*self.shared.memory, self.shared.threading(), now, rd);
+        }
+    }
+
+    /// The vCPU's thread left guest code; `halted` if voluntarily.
+    pub fn run_end(&self, halted: bool) {
+        let mut s = self.lock();
+        if s.steal.enabled() {
+            let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
+            s.steal.exit(
+                &*self.shared.memory,
+                self.shared.threading(),
+                now,
+                rd,
+                halted,
+            );
+        }
     }
 
     /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
@@ -128,15 +168,36 @@ impl Vcpu {
     }
 
     /// RDMSR.
-    pub fn rdmsr(&self, _index: u32) -> Route<u64> {
-        self.lock().routes.rdmsr += 1;
-        Route::Unhandled
+    pub fn rdmsr(&self, index: u32) -> Route<u64> {
+        let mut s = self.lock();
+        s.routes.rdmsr += 1;
+        match (self.arch, index) {
+            (Arch::X86_64, MSR_KVM_STEAL_TIME) => Route::Handled(s.steal.msr),
+            _ => Route::Unhandled,
+        }
     }
 
     /// WRMSR.
-    pub fn wrmsr(&self, _index: u32, _value: u64) -> Route<()> {
-        self.lock().routes.wrmsr += 1;
-        Route::Unhandled
+    pub fn wrmsr(&self, index: u32, value: u64) -> Route<()> {
+        let mut s = self.lock();
+        s.routes.wrmsr += 1;
+        match (self.arch, index) {
+            (Arch::X86_64, MSR_KVM_STEAL_TIME) => match s.steal.write_msr(value) {
+                Ok(()) => {
+                    // KVM requests a steal-time update on the write
+                    // (KVM_REQ_STEAL_UPDATE): the structure is valid as soon
+                    // as the guest runs again.
+                    if s.steal.enabled() {
+                        let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
+                        s.steal
+                            .enter(&*self.shared.memory, self.shared.threading(), now, rd);
+                    }
+                    Route::Handled(())
+                }
+                Err(_) => Route::Fault,
+            },
+            _ => Route::Unhandled,
+        }
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
@@ -188,8 +249,8 @@ mod tests {
     fn no_feature_claims_anything_yet() {
         let v = Vcpu::new(0, Arch::X86_64);
         assert_eq!(v.cpuid(0x4000_0000, 0, [1, 2, 3, 4]), Route::Unhandled);
-        assert_eq!(v.rdmsr(0x4b56_4d03), Route::Unhandled);
-        assert_eq!(v.wrmsr(0x4b56_4d03, 0x1001), Route::Unhandled);
+        assert_eq!(v.rdmsr(0x10), Route::Unhandled);
+        assert_eq!(v.wrmsr(0x10, 0x1001), Route::Unhandled);
         assert_eq!(v.rdpmc(0x4000_0000), Route::Unhandled);
         let a = Vcpu::new(1, Arch::Aarch64);
         assert_eq!(
@@ -198,6 +259,25 @@ mod tests {
         );
         assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
         assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
+    }
+
+    #[test]
+    fn steal_time_msr_is_kvms_and_reset_turns_it_off() {
+        let v = Vcpu::new(0, Arch::X86_64);
+        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
+        assert_eq!(
+            v.wrmsr(MSR_KVM_STEAL_TIME, 0x1002),
+            Route::Fault,
+            "reserved bit 1"
+        );
+        assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Handled(()));
+        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0x1001));
+        v.run_begin(); // no memory: nothing written, no crash
+        v.run_end(false);
+        v.reset();
+        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
+        let a = Vcpu::new(0, Arch::Aarch64);
+        assert_eq!(a.rdmsr(MSR_KVM_STEAL_TIME), Route::Unhandled);
     }
 
     #[test]

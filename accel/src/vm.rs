@@ -1,11 +1,15 @@
 //! The machine: configuration and the registry of live vCPUs.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
+use crate::memory::{GuestMemory, NoMemory};
 use crate::vcpu::Vcpu;
+use crate::x86::steal::Threading;
 
 /// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
 pub const MAX_VCPUS: u32 = 4096;
@@ -38,6 +42,8 @@ pub struct VmConfig {
     pub max_cpus: u32,
     /// `stats=on`: report per-vCPU routing counts at exit.
     pub stats: bool,
+    /// One host thread per vCPU.
+    pub mttcg: bool,
 }
 
 impl VmConfig {
@@ -50,7 +56,56 @@ impl VmConfig {
             arch,
             max_cpus,
             stats,
+            mttcg: true,
         })
+    }
+}
+
+/// What every vCPU of a machine shares: guest memory, the threading model,
+/// the host clock's origin, and how many vCPUs are live.
+pub struct Shared {
+    /// Guest RAM.
+    pub memory: Box<dyn GuestMemory + Send + Sync>,
+    /// One thread per vCPU or round-robin.
+    pub mttcg: bool,
+    origin: Instant,
+    live_vcpus: AtomicU32,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("mttcg", &self.mttcg)
+            .field("live_vcpus", &self.live_vcpus)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// Shared state over `memory`.
+    pub fn new(memory: Box<dyn GuestMemory + Send + Sync>, mttcg: bool) -> Self {
+        Shared {
+            memory,
+            mttcg,
+            origin: Instant::now(),
+            live_vcpus: AtomicU32::new(0),
+        }
+    }
+
+    /// Host monotonic time in ns since the machine was created (never 0).
+    pub fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// The threading model for steal-time accounting.
+    pub fn threading(&self) -> Threading {
+        if self.mttcg {
+            Threading::Mttcg
+        } else {
+            Threading::RoundRobin {
+                peers: self.live_vcpus.load(Ordering::Relaxed) > 1,
+            }
+        }
     }
 }
 
@@ -59,14 +114,21 @@ impl VmConfig {
 #[derive(Debug)]
 pub struct Vm {
     config: VmConfig,
+    shared: Arc<Shared>,
     vcpus: Mutex<Vec<Option<Arc<Vcpu>>>>,
 }
 
 impl Vm {
-    /// A machine with no vCPUs yet.
+    /// A machine with no vCPUs and no guest memory yet.
     pub fn new(config: VmConfig) -> Self {
+        Self::with_memory(config, Box::new(NoMemory))
+    }
+
+    /// A machine with no vCPUs over `memory`.
+    pub fn with_memory(config: VmConfig, memory: Box<dyn GuestMemory + Send + Sync>) -> Self {
         Vm {
             config,
+            shared: Arc::new(Shared::new(memory, config.mttcg)),
             vcpus: Mutex::new(vec![None; config.max_cpus as usize]),
         }
     }
@@ -88,18 +150,27 @@ impl Vm {
         if slot.is_some() {
             return Err(AccelError::VcpuExists(index));
         }
-        let vcpu = Arc::new(Vcpu::new(index, self.config.arch));
+        let vcpu = Arc::new(Vcpu::with_shared(
+            index,
+            self.config.arch,
+            Arc::clone(&self.shared),
+        ));
         *slot = Some(Arc::clone(&vcpu));
+        self.shared.live_vcpus.fetch_add(1, Ordering::Relaxed);
         Ok(vcpu)
     }
 
     /// Forget vCPU `index`; returns whether it existed.
     pub fn remove_vcpu(&self, index: u32) -> bool {
         let mut vcpus = self.vcpus.lock();
-        vcpus
+        let removed = vcpus
             .get_mut(index as usize)
             .and_then(Option::take)
-            .is_some()
+            .is_some();
+        if removed {
+            self.shared.live_vcpus.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
     }
 
     /// The live vCPUs, in index order.

@@ -37,12 +37,19 @@ pub struct Config {
     pub backend: Backend,
     /// vCPUs.
     pub smp: u32,
+    /// All vCPUs on one host thread (`thread=single`): overcommit.
+    pub single_thread: bool,
 }
 
 impl Config {
-    /// `arch/backend/smpN`.
+    /// `arch/backend[,thread=single]/smpN`.
     pub fn label(&self) -> String {
-        format!("{}/{}/smp{}", self.arch, self.backend, self.smp)
+        let thread = if self.single_thread {
+            ",thread=single"
+        } else {
+            ""
+        };
+        format!("{}/{}{thread}/smp{}", self.arch, self.backend, self.smp)
     }
 }
 
@@ -130,10 +137,19 @@ pub fn command_args(
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
     };
-    let accel = match config.backend {
+    let mut accel = match config.backend {
         Backend::Tcg => "tcg",
         Backend::Rustkvm => "rustkvm",
         Backend::Kvm => "kvm",
+    }
+    .to_string();
+    if config.single_thread && config.backend != Backend::Kvm {
+        accel += ",thread=single";
+    }
+    // x86 Linux reports its steal-time registration only with pr_debug on.
+    let dyndbg = match config.arch {
+        Arch::X86_64 => " dyndbg=\"file arch/x86/kernel/kvm.c +p\"",
+        Arch::Aarch64 => "",
     };
     [
         "-M",
@@ -141,7 +157,7 @@ pub fn command_args(
         "-cpu",
         cpu,
         "-accel",
-        accel,
+        &accel,
         "-smp",
         &config.smp.to_string(),
         "-m",
@@ -157,7 +173,7 @@ pub fn command_args(
         "-initrd",
         &initrd.display().to_string(),
         "-append",
-        &format!("console={console} loglevel=1 panic=-1 rdinit=/init"),
+        &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -545,6 +561,7 @@ pub fn to_json(runs: &[LinuxRun]) -> Value {
                     "arch": r.config.arch.name(),
                     "backend": r.config.backend.name(),
                     "smp": r.config.smp,
+                    "single_thread": r.config.single_thread,
                     "status": status,
                     "reason": reason,
                     "elapsed_s": r.elapsed.as_secs_f64(),
@@ -566,6 +583,7 @@ mod tests {
                 arch: Arch::X86_64,
                 backend,
                 smp: 2,
+                single_thread: false,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -658,6 +676,7 @@ mod tests {
             arch: Arch::X86_64,
             backend: Backend::Kvm,
             smp: 1,
+            single_thread: false,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -668,9 +687,14 @@ mod tests {
             arch: Arch::Aarch64,
             backend: Backend::Rustkvm,
             smp: 2,
+            single_thread: true,
         };
         let a = command_args(c, k, k).join(" ");
-        assert!(a.contains("-M virt -cpu max -accel rustkvm -smp 2"), "{a}");
+        assert!(
+            a.contains("-M virt -cpu max -accel rustkvm,thread=single -smp 2"),
+            "{a}"
+        );
+        assert_eq!(c.label(), "aarch64/rustkvm,thread=single/smp2");
         assert!(a.contains("console=ttyAMA0"), "{a}");
     }
 }

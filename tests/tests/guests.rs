@@ -134,8 +134,8 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x2082",
-            "-cpu max: nopiodelay, pv-unhalt, sched-yield"
+            "0x20a2",
+            "-cpu max: nopiodelay, steal-time, pv-unhalt, sched-yield"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -171,23 +171,24 @@ fn x86_kvm_signature_and_feature_switches() {
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x0");
     let r = with(Backend::Rustkvm, None);
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "KVMKVMKVM");
-    // A named model gets KVM's defaults that rustkvm implements: nopiodelay.
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2");
+    // A named model gets KVM's defaults that rustkvm implements:
+    // nopiodelay and steal-time.
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x22");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2082");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x20a2");
     let r = with(
         Backend::Rustkvm,
-        Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off"),
+        Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off"),
     );
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2000");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2002");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2022");
     // kvm=off hides the KVM leaves, as under KVM.
     let r = with(Backend::Rustkvm, Some("max,kvm=off"));
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "TCGTCGTCGTCG");
     // Asking for a PV feature rustkvm does not implement is refused loudly.
     let r = with(Backend::Rustkvm, Some("max,kvmclock=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2082");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x20a2");
     assert!(
         r.outcome.stderr.contains("kvmclock"),
         "no warning:\n{}",

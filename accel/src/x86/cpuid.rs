@@ -35,8 +35,10 @@ pub const REG_EAX: u32 = 0;
 /// KVM feature bits rustkvm implements today. A bit not here is never
 /// offered to the guest, whatever `-cpu` asks (QEMU warns that it is
 /// unsupported, as it does for any feature the accelerator lacks).
-pub const IMPLEMENTED_KVM_FEATURES: u32 =
-    KVM_FEATURE_NOP_IO_DELAY | KVM_FEATURE_PV_UNHALT | KVM_FEATURE_PV_SCHED_YIELD;
+pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_NOP_IO_DELAY
+    | KVM_FEATURE_STEAL_TIME
+    | KVM_FEATURE_PV_UNHALT
+    | KVM_FEATURE_PV_SCHED_YIELD;
 
 /// The KVM features QEMU turns on by default for named CPU models under KVM
 /// (`kvm_default_props` in QEMU's `target/i386/cpu.c`: kvmclock,
@@ -95,7 +97,7 @@ mod tests {
         );
         assert_eq!(supported(1, 0, 1, 0x1234), 0x1234, "other leaves untouched");
         let d = defaults(KVM_CPUID_FEATURES, 0, REG_EAX);
-        assert_eq!(d, KVM_FEATURE_NOP_IO_DELAY);
+        assert_eq!(d, KVM_FEATURE_NOP_IO_DELAY | KVM_FEATURE_STEAL_TIME);
         assert_eq!(d & !supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0), 0);
         assert_eq!(defaults(1, 0, REG_EAX), 0);
     }

@@ -2,10 +2,11 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B]... [--smp N]... [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--timeout S] [--json]
 //! ```
-//! Defaults: both architectures; tcg, rustkvm and kvm (kvm SKIPs with the
-//! reason where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
+//! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
+//! host thread (overcommit: steal time), and kvm (which SKIPs with the reason
+//! where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
 //! configuration ended in ERROR (a SKIP is not an error).
 
 use std::process::ExitCode;
@@ -16,7 +17,7 @@ use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
-    backends: Vec<Backend>,
+    backends: Vec<(Backend, bool)>,
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
@@ -42,9 +43,13 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--backend" => {
                 let v = value("--backend")?;
-                a.backends.push(
-                    Backend::from_name(&v).ok_or_else(|| usage(format!("unknown backend {v}")))?,
-                );
+                let (name, single) = match v.strip_suffix(",thread=single") {
+                    Some(n) => (n, true),
+                    None => (v.as_str(), false),
+                };
+                let b = Backend::from_name(name)
+                    .ok_or_else(|| usage(format!("unknown backend {v}")))?;
+                a.backends.push((b, single));
             }
             "--smp" => {
                 let v = value("--smp")?;
@@ -66,7 +71,7 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--json" => a.json = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B]... [--smp N]... [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--timeout S] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -76,7 +81,12 @@ fn parse() -> Result<Args, HarnessError> {
         a.arches = Arch::ALL.to_vec();
     }
     if a.backends.is_empty() {
-        a.backends = Backend::ALL.to_vec();
+        a.backends = vec![
+            (Backend::Tcg, false),
+            (Backend::Rustkvm, false),
+            (Backend::Rustkvm, true),
+            (Backend::Kvm, false),
+        ];
     }
     if a.smps.is_empty() {
         a.smps = vec![2];
@@ -94,9 +104,14 @@ fn main() -> ExitCode {
     };
     let mut runs = Vec::new();
     for &arch in &args.arches {
-        for &backend in &args.backends {
+        for &(backend, single_thread) in &args.backends {
             for &smp in &args.smps {
-                let config = Config { arch, backend, smp };
+                let config = Config {
+                    arch,
+                    backend,
+                    smp,
+                    single_thread,
+                };
                 let run = linux::run(config, args.timeout);
                 if !args.json {
                     let status = match &run.outcome {

@@ -1,0 +1,95 @@
+//! Guest physical memory as the models see it.
+
+/// Access to guest RAM. Implementations must refuse (return false, touch
+/// nothing) any range that is not entirely RAM: MMIO, ROM, holes, or beyond
+/// the end of memory. That is how a hostile GPA becomes a no-op, as in KVM.
+pub trait GuestMemory {
+    /// Read `buf.len()` bytes at `gpa`.
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> bool;
+    /// Write `buf` at `gpa`.
+    fn write(&self, gpa: u64, buf: &[u8]) -> bool;
+}
+
+/// Memory that has nothing: every access is refused.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoMemory;
+
+impl GuestMemory for NoMemory {
+    fn read(&self, _gpa: u64, _buf: &mut [u8]) -> bool {
+        false
+    }
+    fn write(&self, _gpa: u64, _buf: &[u8]) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    //! A fake RAM for model tests that records every write.
+    use super::GuestMemory;
+    use std::cell::RefCell;
+
+    /// `size` bytes of RAM at GPA 0 with a write log.
+    #[derive(Debug)]
+    pub struct FakeRam {
+        bytes: RefCell<Vec<u8>>,
+        log: RefCell<Vec<(u64, Vec<u8>)>>,
+    }
+
+    impl FakeRam {
+        /// Zeroed RAM.
+        pub fn new(size: usize) -> Self {
+            FakeRam {
+                bytes: RefCell::new(vec![0; size]),
+                log: RefCell::new(Vec::new()),
+            }
+        }
+        /// Writes so far.
+        pub fn write_count(&self) -> usize {
+            self.log.borrow().len()
+        }
+        /// Writes that touched bytes outside `[base, base + len)`.
+        pub fn writes_outside(&self, base: u64, len: u64) -> usize {
+            self.log
+                .borrow()
+                .iter()
+                .filter(|(g, b)| *g < base || g + b.len() as u64 > base + len)
+                .count()
+        }
+        /// Every u32 written at `gpa`, in order.
+        pub fn version_history(&self, gpa: u64) -> Vec<u32> {
+            self.log
+                .borrow()
+                .iter()
+                .filter(|(g, b)| *g == gpa && b.len() == 4)
+                .map(|(_, b)| u32::from_le_bytes(b[..4].try_into().unwrap()))
+                .collect()
+        }
+    }
+
+    impl GuestMemory for FakeRam {
+        fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+            let bytes = self.bytes.borrow();
+            let Some(end) = gpa
+                .checked_add(buf.len() as u64)
+                .filter(|e| *e <= bytes.len() as u64)
+            else {
+                return false;
+            };
+            buf.copy_from_slice(&bytes[gpa as usize..end as usize]);
+            true
+        }
+        fn write(&self, gpa: u64, buf: &[u8]) -> bool {
+            let mut bytes = self.bytes.borrow_mut();
+            let Some(end) = gpa
+                .checked_add(buf.len() as u64)
+                .filter(|e| *e <= bytes.len() as u64)
+            else {
+                return false;
+            };
+            bytes[gpa as usize..end as usize].copy_from_slice(buf);
+            self.log.borrow_mut().push((gpa, buf.to_vec()));
+            true
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! KVM steal time (MSR_KVM_STEAL_TIME) and the "vCPU preempted" hint.
+//!
+//! Spec: Linux `Documentation/virt/kvm/x86/msr.rst` (MSR_KVM_STEAL_TIME),
+//! `arch/x86/include/uapi/asm/kvm_para.h` (`struct kvm_steal_time`,
+//! KVM_STEAL_*), `arch/x86/kvm/x86.c` (`kvm_set_msr_common`,
+//! `record_steal_time`, `kvm_steal_time_set_preempted`).
+//!
+//! What "steal" and "descheduled" mean under TCG (see docs/steal-time.md):
+//! - MTTCG (one host thread per vCPU): steal is the growth of the vCPU
+//!   thread's host run-queue delay (`/proc/thread-self/schedstat` field 2,
+//!   KVM's `current->sched_info.run_delay`), folded in each time the vCPU
+//!   enters guest execution.
+//! - Round-robin TCG (one thread for all vCPUs): steal is, in addition, the
+//!   wall time a vCPU waited while runnable (it left the CPU loop without
+//!   halting) until its next turn. Leaving its turn while runnable, with other
+//!   vCPUs to run, is "involuntarily descheduled": `preempted` is set then and
+//!   cleared with an exchange at its next entry. A halt is voluntary and sets
+//!   nothing.
+
+use crate::memory::GuestMemory;
+use crate::x86::X86Error;
+
+/// MSR_KVM_STEAL_TIME.
+pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+/// KVM_MSR_ENABLED: bit 0 of the MSR.
+pub const KVM_MSR_ENABLED: u64 = 1;
+/// KVM_STEAL_ALIGNMENT_BITS: the structure is 64-byte aligned.
+pub const KVM_STEAL_ALIGNMENT_BITS: u32 = 5;
+/// KVM_STEAL_VALID_BITS: the GPA bits of the MSR.
+pub const KVM_STEAL_VALID_BITS: u64 = !0u64 << (KVM_STEAL_ALIGNMENT_BITS + 1);
+/// KVM_STEAL_RESERVED_MASK: bits 1..5; a write with any set is refused (#GP).
+pub const KVM_STEAL_RESERVED_MASK: u64 = ((1 << KVM_STEAL_ALIGNMENT_BITS) - 1) << 1;
+/// KVM_VCPU_PREEMPTED: bit 0 of `preempted`.
+pub const KVM_VCPU_PREEMPTED: u8 = 1 << 0;
+
+/// `struct kvm_steal_time` field offsets (64 bytes in all).
+pub mod layout {
+    /// `__u64 steal`: nanoseconds stolen.
+    pub const STEAL: u64 = 0;
+    /// `__u32 version`: odd while the host writes.
+    pub const VERSION: u64 = 8;
+    /// `__u32 flags`.
+    pub const FLAGS: u64 = 12;
+    /// `__u8 preempted`.
+    pub const PREEMPTED: u64 = 16;
+    /// sizeof(struct kvm_steal_time).
+    pub const SIZE: u64 = 64;
+}
+
+/// Steal-time state of one vCPU (plain data, part of the vCPU's saved state).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StealTime {
+    /// The MSR as the guest wrote it.
+    pub msr: u64,
+    /// Steal accumulated but not yet added to the guest's structure.
+    pub pending_ns: u64,
+    /// Thread run delay when last folded in (MTTCG) or at entry (RR).
+    pub last_run_delay_ns: u64,
+    /// When the vCPU left the CPU loop while still runnable (RR), 0 if not.
+    pub runnable_since_ns: u64,
+    /// Whether the host set `preempted` and has not cleared it yet.
+    pub preempted: u8,
+}
+
+/// How the vCPUs share host threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threading {
+    /// One host thread per vCPU.
+    Mttcg,
+    /// One host thread for all vCPUs, taking turns; `peers` = other vCPUs.
+    RoundRobin {
+        /// Whether other vCPUs share the thread.
+        peers: bool,
+    },
+}
+
+impl StealTime {
+    /// Whether the guest enabled steal time.
+    pub fn enabled(&self) -> bool {
+        self.msr & KVM_MSR_ENABLED != 0
+    }
+
+    fn gpa(&self) -> u64 {
+        self.msr & KVM_STEAL_VALID_BITS
+    }
+
+    /// WRMSR MSR_KVM_STEAL_TIME; an error means #GP (reserved bits set).
+    pub fn write_msr(&mut self, value: u64) -> Result<(), X86Error> {
+        if value & KVM_STEAL_RESERVED_MASK != 0 {
+            return Err(X86Error::ReservedBits {
+                msr: MSR_KVM_STEAL_TIME,
+                value,
+            });
+        }
+        let was = self.enabled();
+        self.msr = value;
+        if self.enabled() && !was {
+            // KVM starts counting from the run delay at the next update.
+            self.pending_ns = 0;
+            self.preempted = 0;
+        }
+        Ok(())
+    }
+
+    /// The vCPU enters guest execution at host time `now_ns`, its thread's
+    /// run delay being `run_delay_ns`: fold the steal in and clear
+    /// `preempted` in the guest's structure, as `record_steal_time` does.
+    pub fn enter(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+    ) {
+        if !self.enabled() {
+            return;
+        }
+        match threading {
+            Threading::Mttcg => {
+                if self.last_run_delay_ns != 0 {
+                    self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+                }
+            }
+            Threading::RoundRobin { .. } => {
+                if self.runnable_since_ns != 0 {
+                    self.pending_ns += now_ns.saturating_sub(self.runnable_since_ns);
+                }
+            }
+        }
+        self.last_run_delay_ns = run_delay_ns;
+        self.runnable_since_ns = 0;
+        self.record(mem);
+    }
+
+    /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
+    pub fn exit(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+        halted: bool,
+    ) {
+        if !self.enabled() {
+            return;
+        }
+        if let Threading::RoundRobin { peers } = threading {
+            // The shared thread's own host preemption during this turn.
+            self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+            self.last_run_delay_ns = run_delay_ns;
+            if !halted && peers {
+                self.runnable_since_ns = now_ns.max(1);
+                self.set_preempted(mem);
+            }
+        }
+    }
+
+    /// `kvm_steal_time_set_preempted`: mark the vCPU preempted in the guest.
+    fn set_preempted(&mut self, mem: &dyn GuestMemory) {
+        if self.preempted != 0 {
+            return;
+        }
+        if mem.write(self.gpa() + layout::PREEMPTED, &[KVM_VCPU_PREEMPTED]) {
+            self.preempted = KVM_VCPU_PREEMPTED;
+        }
+    }
+
+    /// `record_steal_time`: clear `preempted`, then bump the version to odd,
+    /// add the steal, bump it to even. Nothing is written unless the whole
+    /// structure is guest RAM.
+    fn record(&mut self, mem: &dyn GuestMemory) {
+        let gpa = self.gpa();
+        let mut st = [0u8; layout::PREEMPTED as usize + 1];
+        if !mem.read(gpa, &mut st) || !mem.read(gpa + layout::SIZE - 1, &mut [0u8]) {
+            return;
+        }
+        let _ = mem.write(gpa + layout::PREEMPTED, &[0]);
+        self.preempted = 0;
+        let mut version = u32::from_le_bytes(st[8..12].try_into().unwrap_or_default());
+        if version & 1 != 0 {
+            // First write: the guest left junk (KVM's comment).
+            version = version.wrapping_add(1);
+        }
+        let _ = mem.write(
+            gpa + layout::VERSION,
+            &version.wrapping_add(1).to_le_bytes(),
+        );
+        let steal = u64::from_le_bytes(st[0..8].try_into().unwrap_or_default())
+            .wrapping_add(self.pending_ns);
+        let _ = mem.write(gpa + layout::STEAL, &steal.to_le_bytes());
+        let _ = mem.write(
+            gpa + layout::VERSION,
+            &version.wrapping_add(2).to_le_bytes(),
+        );
+        self.pending_ns = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::tests::FakeRam;
+
+    const GPA: u64 = 0x1000;
+
+    fn rd(ram: &FakeRam, off: u64, n: usize) -> Vec<u8> {
+        let mut b = vec![0; n];
+        assert!(ram.read(GPA + off, &mut b));
+        b
+    }
+    fn steal(ram: &FakeRam) -> u64 {
+        u64::from_le_bytes(rd(ram, layout::STEAL, 8).try_into().unwrap())
+    }
+    fn version(ram: &FakeRam) -> u32 {
+        u32::from_le_bytes(rd(ram, layout::VERSION, 4).try_into().unwrap())
+    }
+    fn preempted(ram: &FakeRam) -> u8 {
+        rd(ram, layout::PREEMPTED, 1)[0]
+    }
+
+    #[test]
+    fn constants_match_kvm_para_h() {
+        assert_eq!(KVM_STEAL_RESERVED_MASK, 0x3e);
+        assert_eq!(KVM_STEAL_VALID_BITS, !0x3f);
+        assert_eq!(layout::SIZE, 64);
+    }
+
+    #[test]
+    fn reserved_bits_are_refused_and_leave_the_msr_alone() {
+        let mut st = StealTime::default();
+        for bit in 1..=5 {
+            assert!(st.write_msr(GPA | 1 | (1 << bit)).is_err(), "bit {bit}");
+        }
+        assert_eq!(st.msr, 0);
+        assert_eq!(st.write_msr(GPA | 1), Ok(()));
+        assert!(st.enabled());
+        // Bits above 5 belong to the GPA: accepted, even if not RAM.
+        assert_eq!(st.write_msr(0xdead_0000_0040 | 1), Ok(()));
+    }
+
+    #[test]
+    fn mttcg_adds_run_delay_growth_with_the_version_protocol() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 10, 1_000);
+        assert_eq!(
+            (steal(&ram), version(&ram)),
+            (0, 2),
+            "first entry only syncs"
+        );
+        st.enter(&ram, Threading::Mttcg, 20, 1_500);
+        assert_eq!((steal(&ram), version(&ram)), (500, 4));
+        st.enter(&ram, Threading::Mttcg, 30, 1_500);
+        assert_eq!((steal(&ram), version(&ram)), (500, 6));
+        assert_eq!(ram.writes_outside(GPA, layout::SIZE), 0);
+        // The version seen in the middle of an update is odd.
+        assert!(ram
+            .version_history(GPA + layout::VERSION)
+            .iter()
+            .any(|v| v % 2 == 1));
+    }
+
+    #[test]
+    fn odd_junk_version_is_made_even_first() {
+        let ram = FakeRam::new(0x4000);
+        assert!(ram.write(GPA + layout::VERSION, &7u32.to_le_bytes()));
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 1);
+        assert_eq!(version(&ram), 10, "7 -> 8, then 9 while writing, 10 after");
+    }
+
+    #[test]
+    fn round_robin_wait_is_steal_and_sets_preempted_only_when_runnable() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        let rr = Threading::RoundRobin { peers: true };
+        st.enter(&ram, rr, 1_000, 0);
+        st.exit(&ram, rr, 2_000, 0, false);
+        assert_eq!(
+            preempted(&ram),
+            KVM_VCPU_PREEMPTED,
+            "descheduled while runnable"
+        );
+        st.enter(&ram, rr, 5_000, 0);
+        assert_eq!(preempted(&ram), 0, "cleared on entry");
+        assert_eq!(steal(&ram), 3_000, "waited 2000..5000");
+        st.exit(&ram, rr, 6_000, 0, true);
+        assert_eq!(preempted(&ram), 0, "a halt is voluntary");
+        st.enter(&ram, rr, 9_000, 0);
+        assert_eq!(steal(&ram), 3_000, "no steal while halted");
+        // Host preemption of the shared thread during the turn is steal too.
+        st.exit(&ram, rr, 9_500, 250, true);
+        st.enter(&ram, rr, 9_600, 250);
+        assert_eq!(steal(&ram), 3_250);
+        // A lone vCPU is never "preempted" by another.
+        let lone = Threading::RoundRobin { peers: false };
+        st.exit(&ram, lone, 10_000, 250, false);
+        assert_eq!(preempted(&ram), 0);
+    }
+
+    #[test]
+    fn disabled_or_unmapped_structures_are_never_written() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.enter(&ram, Threading::Mttcg, 1, 5);
+        st.write_msr(GPA).unwrap(); // bit 0 clear: disabled
+        st.enter(&ram, Threading::Mttcg, 1, 5);
+        st.exit(&ram, Threading::RoundRobin { peers: true }, 2, 5, false);
+        assert_eq!(ram.write_count(), 0);
+        // Enabled, but the struct is (partly) outside RAM.
+        st.write_msr((0x4000 - 0x40) | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 5);
+        assert!(ram.write_count() > 0, "last 64 bytes of RAM are fine");
+        let before = ram.write_count();
+        st.write_msr(0x4000 | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 9);
+        st.exit(&ram, Threading::RoundRobin { peers: true }, 2, 9, false);
+        assert_eq!(ram.write_count(), before, "nothing outside RAM");
+    }
+}
