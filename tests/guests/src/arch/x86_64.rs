@@ -380,3 +380,22 @@ pub fn vmcall(nr: u64, args: [u64; 4]) -> Result<u64, Fault> {
 pub fn vmmcall(nr: u64, args: [u64; 4]) -> Result<u64, Fault> {
     hypercall!("vmmcall", nr, args)
 }
+
+/// VMCALL with KVM's ABI and no fault catching: for measuring its cost
+/// against CPUID (which `__cpuid` also wraps in an RBX save/restore).
+pub fn vmcall_raw(nr: u64, a0: u64) -> u64 {
+    let ret: u64;
+    // SAFETY: RBX (reserved by LLVM) is swapped in and out around VMCALL;
+    // the caller knows VMCALL does not fault here (KVM signature seen).
+    unsafe {
+        asm!(
+            "xchg {a0}, rbx",
+            "vmcall",
+            "xchg {a0}, rbx",
+            a0 = inout(reg) a0 => _,
+            inout("rax") nr => ret,
+            options(nostack)
+        );
+    }
+    ret
+}
