@@ -138,13 +138,20 @@ pub enum Variant {
     Default,
     /// `thread=multi` with at least 2 vCPUs.
     MttcgSmp2,
+    /// `thread=single` (round-robin on one host thread) with at least 2 vCPUs.
+    RrSmp2,
     /// `-icount shift=0` (which implies one TCG thread).
     Icount,
 }
 
 impl Variant {
     /// Every variant, in table order.
-    pub const ALL: [Variant; 3] = [Variant::Default, Variant::MttcgSmp2, Variant::Icount];
+    pub const ALL: [Variant; 4] = [
+        Variant::Default,
+        Variant::MttcgSmp2,
+        Variant::RrSmp2,
+        Variant::Icount,
+    ];
 
     /// Parse a variant name.
     pub fn from_name(name: &str) -> Option<Variant> {
@@ -156,6 +163,7 @@ impl Variant {
         match self {
             Variant::Default => "default",
             Variant::MttcgSmp2 => "mttcg-smp2",
+            Variant::RrSmp2 => "rr-smp2",
             Variant::Icount => "icount",
         }
     }
@@ -221,6 +229,10 @@ pub fn command_args(
         Variant::Default => {}
         Variant::MttcgSmp2 => {
             accel += ",thread=multi";
+            smp = smp.max(2);
+        }
+        Variant::RrSmp2 => {
+            accel += ",thread=single";
             smp = smp.max(2);
         }
         Variant::Icount => extra.extend(["-icount", "shift=0"]),

@@ -254,7 +254,7 @@ mod tests {
     fn shards_partition_the_rows() {
         let tests = [test("a", &Arch::ALL), test("b", &[Arch::X86_64])];
         let all = rows(&tests, &Selection::default());
-        assert_eq!(all.len(), 9, "3 arch rows x 3 variants");
+        assert_eq!(all.len(), 12, "3 arch rows x 4 variants");
         let mut seen = Vec::new();
         for i in 0..4 {
             let sel = Selection {

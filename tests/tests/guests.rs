@@ -147,6 +147,29 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
 }
 
 #[test]
+fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_under_round_robin() {
+    let tests = guest::discover().expect("guest tests");
+    let t = tests.iter().find(|t| t.name == "x86-kvm-pv-smp").unwrap();
+    for variant in Variant::ALL {
+        let r = run::run(t, Arch::X86_64, variant, Backend::Rustkvm).expect("ran");
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{variant}: {}",
+            r.outcome.serial
+        );
+        // Round-robin (thread=single, also under -icount): while vCPU 0 runs,
+        // the busy vCPU 1 is descheduled and its preempted flag is set. With a
+        // thread per vCPU the host's preemption is not visible (docs/steal-time.md).
+        let seen = measure(&r, "ap.preempted-seen");
+        match variant {
+            Variant::RrSmp2 | Variant::Icount => assert_eq!(seen, "1", "{variant}"),
+            _ => assert_eq!(seen, "0", "{variant}"),
+        }
+    }
+}
+
+#[test]
 fn x86_kvm_signature_and_feature_switches() {
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "hello").unwrap();

@@ -46,7 +46,9 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
             "--variant" => {
                 let v = value("--variant")?;
                 sel.variants.push(Variant::from_name(&v).ok_or_else(|| {
-                    usage(format!("unknown variant {v} (default, mttcg-smp2, icount)"))
+                    usage(format!(
+                        "unknown variant {v} (default, mttcg-smp2, rr-smp2, icount)"
+                    ))
                 })?);
             }
             "--shard" => sel.shard = report::parse_shard(&value("--shard")?)?,

@@ -95,6 +95,61 @@ start64:
 3:  hlt
     jmp 3b
 
+    /*
+     * Application processor start-up (INIT-SIPI-SIPI with vector 0x08): this
+     * block is copied to physical 0x8000 and entered in real mode with
+     * CS = 0x0800, IP = 0. It loads the GDT, enters protected mode, enables
+     * the BSP's page tables and long mode, and jumps to guest_ap_start64.
+     */
+    .global guest_ap_tramp_start, guest_ap_tramp_end
+    .code16
+guest_ap_tramp_start:
+    cli
+    mov %cs, %ax
+    mov %ax, %ds
+    lgdtl (guest_ap_gdt_ptr - guest_ap_tramp_start)
+    mov %cr0, %eax
+    or $1, %eax
+    mov %eax, %cr0
+    ljmpl $0x18, $(0x8000 + guest_ap_pm32 - guest_ap_tramp_start)
+    .code32
+guest_ap_pm32:
+    mov $0x10, %ax
+    mov %ax, %ds
+    mov %ax, %ss
+    mov %cr4, %eax
+    or $0x20, %eax
+    mov %eax, %cr4
+    mov $guest_pml4, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x100, %eax
+    wrmsr
+    mov %cr0, %eax
+    or $0x80000001, %eax
+    mov %eax, %cr0
+    ljmp $0x08, $guest_ap_start64
+    .p2align 2
+guest_ap_gdt_ptr:
+    .word guest_gdt_end - guest_gdt - 1
+    .long guest_gdt
+guest_ap_tramp_end:
+
+    .code64
+guest_ap_start64:
+    mov $0x10, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    mov %ax, %fs
+    mov %ax, %gs
+    mov guest_ap_stack_top(%rip), %rsp
+    call guest_ap_main
+6:  cli
+    hlt
+    jmp 6b
+
     /* exception stubs: push (dummy) error code and vector, then common */
     .macro ISR n, has_err
 guest_isr\n:
@@ -143,6 +198,7 @@ guest_gdt:
     .quad 0
     .quad 0x00af9a000000ffff    /* 0x08: 64-bit code */
     .quad 0x00cf92000000ffff    /* 0x10: data */
+    .quad 0x00cf9a000000ffff    /* 0x18: 32-bit code (AP start-up) */
 guest_gdt_end:
 guest_gdt_ptr:
     .word guest_gdt_end - guest_gdt - 1
@@ -152,6 +208,8 @@ guest_gdt_ptr:
     .p2align 3
     .global guest_recover_rip, guest_fault_vector, guest_fault_error
 guest_recover_rip:  .quad 0
+    .global guest_ap_stack_top
+guest_ap_stack_top: .quad 0
 guest_fault_vector: .quad 0xff
 guest_fault_error:  .quad 0
 
@@ -170,10 +228,29 @@ __stack_top:
 );
 
 extern "C" {
+    static guest_ap_tramp_start: u8;
+    static guest_ap_tramp_end: u8;
+    static mut guest_ap_stack_top: u64;
     static guest_isr_table: [u64; 32];
     static mut guest_idt: [u64; 64];
     static mut guest_fault_vector: u64;
     static mut guest_fault_error: u64;
+}
+
+/// Load the (already filled) IDT on this CPU.
+fn load_idt() {
+    // SAFETY: the IDT is filled by guest_init_idt before any AP starts.
+    unsafe {
+        let base = (&raw const guest_idt) as u64;
+        let ptr: [u16; 5] = [
+            (32 * 16 - 1) as u16,
+            base as u16,
+            (base >> 16) as u16,
+            (base >> 32) as u16,
+            (base >> 48) as u16,
+        ];
+        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(readonly, nostack));
+    }
 }
 
 /// Fill the IDT with the 32 exception stubs and load it.
@@ -195,18 +272,8 @@ extern "C" fn guest_init_idt() {
             (*idt)[2 * v] = low;
             (*idt)[2 * v + 1] = high;
         }
-        let ptr: [u16; 5] = {
-            let base = idt as u64;
-            [
-                (32 * 16 - 1) as u16,
-                base as u16,
-                (base >> 16) as u16,
-                (base >> 32) as u16,
-                (base >> 48) as u16,
-            ]
-        };
-        asm!("lidt [{}]", in(reg) ptr.as_ptr(), options(readonly, nostack));
     }
+    load_idt();
 }
 
 /// An exception caught while executing an instruction under [`catch`].
@@ -398,4 +465,65 @@ pub fn vmcall_raw(nr: u64, a0: u64) -> u64 {
         );
     }
     ret
+}
+
+/// The local APIC (xAPIC MMIO, identity-mapped).
+const LAPIC: u64 = 0xfee0_0000;
+/// Interrupt command register, low and high halves.
+const LAPIC_ICR_LO: u64 = LAPIC + 0x300;
+const LAPIC_ICR_HI: u64 = LAPIC + 0x310;
+/// Where the AP start-up code is copied (SIPI vector 0x08).
+const AP_TRAMPOLINE: u64 = 0x8000;
+
+/// What the application processor runs (set by [`start_ap`]).
+static mut AP_WORK: Option<fn()> = None;
+/// The AP's stack.
+static mut AP_STACK: [u128; 2048] = [0; 2048];
+
+#[no_mangle]
+extern "C" fn guest_ap_main() -> ! {
+    load_idt();
+    // SAFETY: written by start_ap before the SIPI.
+    let work = unsafe { (&raw const AP_WORK).read_volatile() };
+    if let Some(work) = work {
+        work();
+    }
+    loop {
+        // SAFETY: parking the AP for good.
+        unsafe { asm!("cli; hlt", options(nomem, nostack)) }
+    }
+}
+
+fn lapic_write(addr: u64, value: u32) {
+    // SAFETY: the local APIC page is identity-mapped MMIO.
+    unsafe { (addr as *mut u32).write_volatile(value) }
+}
+
+fn lapic_icr_idle() -> bool {
+    // SAFETY: as lapic_write; bit 12 = delivery status (send pending).
+    unsafe { (LAPIC_ICR_LO as *const u32).read_volatile() & (1 << 12) == 0 }
+}
+
+/// Start the application processor with APIC ID `apic_id` (INIT, SIPI,
+/// SIPI as the MP specification describes) running `work`, then halting.
+pub fn start_ap(apic_id: u8, work: fn()) {
+    // SAFETY: copying our own start-up code below 1 MiB (free RAM after the
+    // firmware handed over), setting globals the AP reads once it runs.
+    unsafe {
+        let start = &raw const guest_ap_tramp_start;
+        let len = (&raw const guest_ap_tramp_end) as usize - start as usize;
+        core::ptr::copy_nonoverlapping(start, AP_TRAMPOLINE as *mut u8, len);
+        (&raw mut AP_WORK).write_volatile(Some(work));
+        let top = (&raw mut AP_STACK) as u64 + core::mem::size_of::<[u128; 2048]>() as u64;
+        (&raw mut guest_ap_stack_top).write_volatile(top);
+    }
+    let dest = u32::from(apic_id) << 24;
+    lapic_write(LAPIC_ICR_HI, dest);
+    lapic_write(LAPIC_ICR_LO, 0x0000_4500); // INIT, assert
+    while !lapic_icr_idle() {}
+    for _ in 0..2 {
+        lapic_write(LAPIC_ICR_HI, dest);
+        lapic_write(LAPIC_ICR_LO, 0x0000_4600 | (AP_TRAMPOLINE >> 12) as u32); // SIPI
+        while !lapic_icr_idle() {}
+    }
 }
