@@ -111,6 +111,17 @@ uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
 uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
                                     uint32_t reg);
 
+/* x86 state QEMU saves (savevm/loadvm, migration). */
+/** x86 MSR values Rust owns that have a home in QEMU's CPUX86State. */
+typedef struct RustkvmX86Msrs {
+    /** MSR_KVM_STEAL_TIME (CPUX86State::steal_time_msr). */
+    uint64_t steal_time;
+} RustkvmX86Msrs;
+/** Copy the MSRs out, before QEMU saves the vCPU. */
+void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);
+/** Take them back, after QEMU loaded the vCPU (values KVM would refuse are dropped). */
+void rustkvm_x86_load_msrs(RustkvmVcpu *vcpu, const RustkvmX86Msrs *msrs);
+
 /* x86 hypercalls (VMCALL/VMMCALL, vCPU thread). */
 /** Nothing beyond writing RAX. */
 #define RUSTKVM_HC_NONE 0u

@@ -333,6 +333,36 @@ pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg
     crate::x86::cpuid::defaults(leaf, subleaf, reg)
 }
 
+/// Copy the Rust-owned x86 MSRs out for QEMU's vmstate.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `msrs` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_save_msrs(
+    vcpu: *mut RustkvmVcpu,
+    msrs: *mut header::RustkvmX86Msrs,
+) {
+    // SAFETY: forwarded caller contract for both pointers.
+    if let (Some(v), Some(out)) = (unsafe { vcpu_ref(vcpu) }, unsafe { msrs.as_mut() }) {
+        out.steal_time = v.state().steal.msr;
+    }
+}
+
+/// Take the x86 MSRs back from QEMU's vmstate.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `msrs` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_load_msrs(
+    vcpu: *mut RustkvmVcpu,
+    msrs: *const header::RustkvmX86Msrs,
+) {
+    // SAFETY: forwarded caller contract for both pointers.
+    if let (Some(v), Some(m)) = (unsafe { vcpu_ref(vcpu) }, unsafe { msrs.as_ref() }) {
+        v.load_steal_time_msr(m.steal_time);
+    }
+}
+
 /// Hypercall routing point.
 ///
 /// # Safety
@@ -573,6 +603,17 @@ mod tests {
                 0x80
             );
             assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x22);
+            let mut msrs = header::RustkvmX86Msrs { steal_time: 7 };
+            rustkvm_x86_save_msrs(v0, &mut msrs);
+            assert_eq!(msrs.steal_time, 0);
+            rustkvm_x86_load_msrs(v0, &header::RustkvmX86Msrs { steal_time: 0x4001 });
+            rustkvm_x86_save_msrs(v0, &mut msrs);
+            assert_eq!(msrs.steal_time, 0x4001, "round trip");
+            rustkvm_x86_load_msrs(v0, &header::RustkvmX86Msrs { steal_time: 0x4003 });
+            rustkvm_x86_save_msrs(v0, &mut msrs);
+            assert_eq!(msrs.steal_time, 0, "reserved bits: dropped");
+            rustkvm_x86_load_msrs(v0, std::ptr::null());
+            rustkvm_x86_save_msrs(std::ptr::null_mut(), &mut msrs);
             rustkvm_vcpu_reset(v0);
             rustkvm_vcpu_reset(std::ptr::null_mut());
 

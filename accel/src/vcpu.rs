@@ -136,6 +136,17 @@ impl Vcpu {
         self.pv_unhalt.store(false, Ordering::Relaxed);
     }
 
+    /// Restore MSR_KVM_STEAL_TIME from a saved machine (loadvm, incoming
+    /// migration). A value KVM would refuse (reserved bits) turns it off;
+    /// accounting restarts from the next entry, as KVM's does.
+    pub fn load_steal_time_msr(&self, value: u64) {
+        let mut s = self.lock();
+        s.steal = StealTime::default();
+        if s.steal.write_msr(value).is_err() {
+            s.steal = StealTime::default();
+        }
+    }
+
     /// The vCPU's thread is about to run guest code.
     pub fn run_begin(&self) {
         let mut s = self.lock();

@@ -14,7 +14,9 @@
 //!   backends, left out of the cross-backend comparison;
 //! - `cpu`: the `-cpu` model (default: QEMU's default for the machine);
 //! - `compare`: `off` for a test whose results differ between backends by
-//!   design (it checks a rustkvm feature and SKIPs where it is absent).
+//!   design (it checks a rustkvm feature and SKIPs where it is absent);
+//! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
+//!   that is migrated half-way).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -43,6 +45,8 @@ pub struct GuestTest {
     pub cpu: Option<String>,
     /// Whether rustkvm's lines must equal tcg's.
     pub compare: bool,
+    /// Whether the runner's matrix boots it.
+    pub matrix: bool,
 }
 
 impl GuestTest {
@@ -60,6 +64,7 @@ impl GuestTest {
             vary: Vec::new(),
             cpu: None,
             compare: true,
+            matrix: true,
         };
         let mut seen = false;
         for line in text.lines() {
@@ -97,11 +102,16 @@ impl GuestTest {
                     }
                     "vary" => test.vary.extend(value.split(',').map(str::to_string)),
                     "cpu" => test.cpu = Some(value.to_string()),
-                    "compare" => {
-                        test.compare = match value {
+                    "compare" | "matrix" => {
+                        let on = match value {
                             "on" => true,
                             "off" => false,
-                            _ => return Err(bad(format!("compare={value} is not on/off"))),
+                            _ => return Err(bad(format!("{key}={value} is not on/off"))),
+                        };
+                        if key == "compare" {
+                            test.compare = on;
+                        } else {
+                            test.matrix = on;
                         }
                     }
                     other => return Err(bad(format!("unknown key '{other}'"))),
@@ -177,6 +187,9 @@ mod tests {
         assert_eq!(t.vary, vec!["a", "b"]);
         assert_eq!(t.cpu.as_deref(), Some("max"));
         assert!(!t.compare);
+        assert!(t.matrix);
+        let t = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64 matrix=off").unwrap();
+        assert!(!t.matrix);
     }
 
     #[test]

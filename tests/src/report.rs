@@ -58,7 +58,7 @@ impl Row {
 pub fn rows(tests: &[GuestTest], sel: &Selection) -> Vec<(GuestTest, Row)> {
     let mut all = Vec::new();
     for t in tests {
-        if sel.filter.as_deref().is_some_and(|f| !t.name.contains(f)) {
+        if !t.matrix || sel.filter.as_deref().is_some_and(|f| !t.name.contains(f)) {
             continue;
         }
         for &arch in t.arches.iter().filter(|a| sel.arches.contains(a)) {
@@ -229,6 +229,7 @@ mod tests {
             vary: vec!["t".into()],
             cpu: None,
             compare: true,
+            matrix: true,
         }
     }
 
