@@ -52,6 +52,12 @@ typedef struct RustkvmHostOps {
     bool (*ram_read)(uint64_t gpa, void *buf, uint64_t len);
     /** Write len bytes of guest RAM at gpa; false, nothing written, unless all writable RAM. */
     bool (*ram_write)(uint64_t gpa, const void *buf, uint64_t len);
+    /**
+     * x86: send an IPI to the vCPU with `apic_id` (physical destination);
+     * `icr` holds the ICR's vector, delivery mode, level and trigger mode.
+     * False if there is no such vCPU.
+     */
+    bool (*send_ipi)(uint32_t apic_id, uint32_t icr);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
-use crate::memory::GuestMemory;
+use crate::memory::{GuestMemory, Interrupts};
 use crate::vcpu::{Route, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 
@@ -86,6 +86,16 @@ struct HostMemory(header::RustkvmHostOps);
 unsafe impl Send for HostMemory {}
 // SAFETY: as above; they hold no state of ours.
 unsafe impl Sync for HostMemory {}
+
+impl Interrupts for HostMemory {
+    fn send_ipi(&self, apic_id: u32, icr: u32) -> bool {
+        match self.0.send_ipi {
+            // SAFETY: a plain C function of QEMU's taking two integers.
+            Some(f) => unsafe { f(apic_id, icr) },
+            None => false,
+        }
+    }
+}
 
 impl GuestMemory for HostMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
@@ -393,6 +403,8 @@ pub unsafe extern "C" fn rustkvm_x86_hypercall(
         Action::None => (header::RUSTKVM_HC_NONE, 0),
         Action::Yield => (header::RUSTKVM_HC_YIELD, 0),
         Action::Kick(apic) => (header::RUSTKVM_HC_KICK, apic),
+        // Vcpu::hypercall has already sent the IPIs.
+        Action::SendIpi { .. } => (header::RUSTKVM_HC_NONE, 0),
     };
     *out = header::RustkvmHypercallResult {
         ret: o.ret,
@@ -500,6 +512,7 @@ mod tests {
             let no_ops = header::RustkvmHostOps {
                 ram_read: None,
                 ram_write: None,
+                send_ipi: None,
             };
             let bad_arch = RustkvmConfig {
                 arch: 9,

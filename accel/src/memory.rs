@@ -10,9 +10,28 @@ pub trait GuestMemory {
     fn write(&self, gpa: u64, buf: &[u8]) -> bool;
 }
 
+/// Interrupt delivery to other vCPUs.
+pub trait Interrupts {
+    /// Send an IPI (`icr`: vector, delivery mode, level, trigger as in the
+    /// ICR) to the vCPU with `apic_id`, physical destination; false if there
+    /// is no such vCPU.
+    fn send_ipi(&self, apic_id: u32, icr: u32) -> bool;
+}
+
+/// Everything the models need from the machine around them.
+pub trait Host: GuestMemory + Interrupts {}
+
+impl<T: GuestMemory + Interrupts> Host for T {}
+
 /// Memory that has nothing: every access is refused.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoMemory;
+
+impl Interrupts for NoMemory {
+    fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {
+        false
+    }
+}
 
 impl GuestMemory for NoMemory {
     fn read(&self, _gpa: u64, _buf: &mut [u8]) -> bool {
@@ -64,6 +83,12 @@ pub mod tests {
                 .filter(|(g, b)| *g == gpa && b.len() == 4)
                 .map(|(_, b)| u32::from_le_bytes(b[..4].try_into().unwrap()))
                 .collect()
+        }
+    }
+
+    impl super::Interrupts for FakeRam {
+        fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {
+            false
         }
     }
 

@@ -217,10 +217,33 @@ impl Vcpu {
         Route::Unhandled
     }
 
-    /// A KVM hypercall (VMCALL/VMMCALL).
+    /// A KVM hypercall (VMCALL/VMMCALL). IPIs are sent here; kicks and
+    /// yields are left to the accelerator.
     pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
         self.lock().routes.hypercall += 1;
-        hypercall::handle(call, hypercall::Enforce(None))
+        let mut out = hypercall::handle(call, hypercall::Enforce(None));
+        if let hypercall::Action::SendIpi {
+            low,
+            high,
+            min,
+            cluster,
+            icr,
+        } = out.action
+        {
+            let sent = hypercall::ipi_targets(low, high, min, cluster)
+                .filter(|&apic| self.shared.memory.send_ipi(apic, icr))
+                .count() as u64;
+            let mask = if call.long_mode {
+                u64::MAX
+            } else {
+                u64::from(u32::MAX)
+            };
+            out = hypercall::Outcome {
+                ret: sent & mask,
+                action: hypercall::Action::None,
+            };
+        }
+        out
     }
 
     /// Record a KVM_HC_KICK_CPU aimed at this vCPU.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
-use crate::memory::{GuestMemory, NoMemory};
+use crate::memory::{Host, NoMemory};
 use crate::vcpu::Vcpu;
 use crate::x86::steal::Threading;
 
@@ -64,8 +64,8 @@ impl VmConfig {
 /// What every vCPU of a machine shares: guest memory, the threading model,
 /// the host clock's origin, and how many vCPUs are live.
 pub struct Shared {
-    /// Guest RAM.
-    pub memory: Box<dyn GuestMemory + Send + Sync>,
+    /// Guest RAM and interrupt delivery.
+    pub memory: Box<dyn Host + Send + Sync>,
     /// One thread per vCPU or round-robin.
     pub mttcg: bool,
     origin: Instant,
@@ -83,7 +83,7 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     /// Shared state over `memory`.
-    pub fn new(memory: Box<dyn GuestMemory + Send + Sync>, mttcg: bool) -> Self {
+    pub fn new(memory: Box<dyn Host + Send + Sync>, mttcg: bool) -> Self {
         Shared {
             memory,
             mttcg,
@@ -125,7 +125,7 @@ impl Vm {
     }
 
     /// A machine with no vCPUs over `memory`.
-    pub fn with_memory(config: VmConfig, memory: Box<dyn GuestMemory + Send + Sync>) -> Self {
+    pub fn with_memory(config: VmConfig, memory: Box<dyn Host + Send + Sync>) -> Self {
         Vm {
             config,
             shared: Arc::new(Shared::new(memory, config.mttcg)),

@@ -130,17 +130,17 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
             "{variant}: {}",
             r.outcome.serial
         );
-        // 8 hypercalls of the guest's own, each routed into Rust.
+        // 12 hypercalls of the guest's own, each routed into Rust.
         assert_eq!(
             r.outcome.routes.get("hypercall"),
-            Some(&8),
+            Some(&12),
             "{variant}: {}",
             r.outcome.stderr
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x20a2",
-            "-cpu max: nopiodelay, steal-time, pv-unhalt, sched-yield"
+            "0x28a2",
+            "-cpu max: nopiodelay, steal-time, pv-unhalt, send-ipi, sched-yield"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -203,10 +203,10 @@ fn x86_kvm_signature_and_feature_switches() {
     // nopiodelay and steal-time.
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x22");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x20a2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x28a2");
     let r = with(
         Backend::Rustkvm,
-        Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off"),
+        Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off,kvm-pv-ipi=off"),
     );
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2000");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
@@ -216,7 +216,7 @@ fn x86_kvm_signature_and_feature_switches() {
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "TCGTCGTCGTCG");
     // Asking for a PV feature rustkvm does not implement is refused loudly.
     let r = with(Backend::Rustkvm, Some("max,kvmclock=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x20a2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x28a2");
     assert!(
         r.outcome.stderr.contains("kvmclock"),
         "no warning:\n{}",

@@ -38,6 +38,7 @@ pub const REG_EAX: u32 = 0;
 pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_NOP_IO_DELAY
     | KVM_FEATURE_STEAL_TIME
     | KVM_FEATURE_PV_UNHALT
+    | KVM_FEATURE_PV_SEND_IPI
     | KVM_FEATURE_PV_SCHED_YIELD;
 
 /// The KVM features QEMU turns on by default for named CPU models under KVM

@@ -27,6 +27,16 @@ pub const KVM_ENOSYS: u64 = 1000;
 pub const KVM_EPERM: u64 = 1;
 /// KVM_EOPNOTSUPP: operation not supported.
 pub const KVM_EOPNOTSUPP: u64 = 95;
+/// KVM_EINVAL: invalid argument.
+pub const KVM_EINVAL: u64 = 22;
+
+/// ICR bit 11: logical destination mode (KVM_HC_SEND_IPI refuses it).
+pub const APIC_DEST_MASK: u64 = 0x800;
+/// ICR bits 18-19: destination shorthand (refused too).
+pub const APIC_SHORT_MASK: u64 = 0xc0000;
+/// The ICR bits an IPI carries: vector (0-7), delivery mode (8-10), level
+/// (14), trigger mode (15) — also the layout of an MSI's data word.
+pub const APIC_IPI_BITS: u32 = 0xc7ff;
 
 /// A hypercall as the guest made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +60,34 @@ pub enum Action {
     Yield,
     /// Unhalt the vCPU with this APIC ID (KVM_HC_KICK_CPU), then yield.
     Kick(u64),
+    /// Send the IPI `icr` (see [`APIC_IPI_BITS`]) to every APIC ID in
+    /// [`ipi_targets`]; RAX becomes the number delivered (KVM_HC_SEND_IPI).
+    SendIpi {
+        /// Bitmap of APIC IDs `min ..`.
+        low: u64,
+        /// Bitmap of APIC IDs `min + cluster ..`.
+        high: u64,
+        /// First APIC ID.
+        min: u64,
+        /// Bits per bitmap: 64 in 64-bit mode, else 32.
+        cluster: u32,
+        /// The ICR's vector, delivery mode, level and trigger mode.
+        icr: u32,
+    },
+}
+
+/// The APIC IDs a KVM_HC_SEND_IPI addresses, as `kvm_pv_send_ipi` walks
+/// them: set bits of `low` from `min`, of `high` from `min + cluster`.
+pub fn ipi_targets(low: u64, high: u64, min: u64, cluster: u32) -> impl Iterator<Item = u32> {
+    let bits = move |map: u64, base: u64| {
+        (0..cluster.min(64))
+            .filter(move |i| map >> i & 1 != 0)
+            .filter_map(move |i| {
+                base.checked_add(u64::from(i))
+                    .and_then(|id| u32::try_from(id).ok())
+            })
+    };
+    bits(low, min).chain(bits(high, min.saturating_add(u64::from(cluster))))
 }
 
 /// The result of a hypercall.
@@ -75,7 +113,9 @@ impl Enforce {
 
 /// Decode and execute a hypercall.
 pub fn handle(call: Call, enforce: Enforce) -> Outcome {
-    use super::cpuid::{KVM_FEATURE_PV_SCHED_YIELD, KVM_FEATURE_PV_UNHALT};
+    use super::cpuid::{
+        KVM_FEATURE_PV_SCHED_YIELD, KVM_FEATURE_PV_SEND_IPI, KVM_FEATURE_PV_UNHALT,
+    };
     let mask = if call.long_mode {
         u64::MAX
     } else {
@@ -91,6 +131,20 @@ pub fn handle(call: Call, enforce: Enforce) -> Outcome {
             KVM_HC_VAPIC_POLL_IRQ => (0, Action::None),
             KVM_HC_KICK_CPU if enforce.allows(KVM_FEATURE_PV_UNHALT) => (0, Action::Kick(a[1])),
             KVM_HC_SCHED_YIELD if enforce.allows(KVM_FEATURE_PV_SCHED_YIELD) => (0, Action::Yield),
+            KVM_HC_SEND_IPI if enforce.allows(KVM_FEATURE_PV_SEND_IPI) => {
+                if a[3] & (APIC_DEST_MASK | APIC_SHORT_MASK) != 0 {
+                    (neg(KVM_EINVAL), Action::None)
+                } else {
+                    let action = Action::SendIpi {
+                        low: a[0],
+                        high: a[1],
+                        min: a[2] & u64::from(u32::MAX),
+                        cluster: if call.long_mode { 64 } else { 32 },
+                        icr: a[3] as u32 & APIC_IPI_BITS,
+                    };
+                    (0, action)
+                }
+            }
             // kvmclock is not implemented yet: KVM answers EOPNOTSUPP when it
             // cannot pair the clocks.
             KVM_HC_CLOCK_PAIRING => (neg(KVM_EOPNOTSUPP), Action::None),
@@ -128,7 +182,6 @@ mod tests {
             7,
             8,
             KVM_HC_MAP_GPA_RANGE,
-            KVM_HC_SEND_IPI,
             13,
             1 << 40,
             u64::MAX,
@@ -204,6 +257,66 @@ mod tests {
             }
         );
         assert_eq!(handle(call(KVM_HC_CLOCK_PAIRING), OFF).ret as i64, -95);
+    }
+
+    #[test]
+    fn send_ipi_decodes_like_kvm_pv_send_ipi() {
+        let c = Call {
+            args: [0b101, 0b1, 3, 0x4000 | 0x0400 | 0xfd],
+            ..call(KVM_HC_SEND_IPI)
+        };
+        let o = handle(c, OFF);
+        assert_eq!(
+            o.action,
+            Action::SendIpi {
+                low: 0b101,
+                high: 1,
+                min: 3,
+                cluster: 64,
+                icr: 0x44fd
+            }
+        );
+        assert_eq!(
+            ipi_targets(0b101, 1, 3, 64).collect::<Vec<_>>(),
+            vec![3, 5, 67]
+        );
+        // 32-bit mode: 32-bit bitmaps and clusters.
+        let c32 = Call {
+            long_mode: false,
+            args: [0xffff_ffff_0000_0002, 1, 0, 0xfd],
+            ..call(KVM_HC_SEND_IPI)
+        };
+        let Action::SendIpi {
+            low,
+            high,
+            min,
+            cluster,
+            ..
+        } = handle(c32, OFF).action
+        else {
+            panic!()
+        };
+        assert_eq!(
+            ipi_targets(low, high, min, cluster).collect::<Vec<_>>(),
+            vec![1, 32]
+        );
+        // Logical destination or a shorthand: -KVM_EINVAL, nothing sent.
+        for icr in [0x800, 0x40000, 0x80000] {
+            let o = handle(
+                Call {
+                    args: [1, 0, 0, icr | 0xfd],
+                    ..call(KVM_HC_SEND_IPI)
+                },
+                OFF,
+            );
+            assert_eq!(
+                (o.ret as i64, o.action),
+                (-22, Action::None),
+                "icr {icr:#x}"
+            );
+        }
+        // A huge min never wraps around to low APIC IDs.
+        assert_eq!(ipi_targets(1 << 63, 1, u64::MAX - 1, 64).count(), 0);
     }
 
     #[test]

@@ -33,6 +33,11 @@ fn main(t: &mut Test) {
     const KVM_HC_KICK_CPU: u64 = 5;
     const KVM_HC_CLOCK_PAIRING: u64 = 9;
     const KVM_HC_SCHED_YIELD: u64 = 11;
+    const KVM_HC_SEND_IPI: u64 = 10;
+    /// −KVM_EINVAL.
+    const EINVAL: u64 = (-22i64) as u64;
+    /// KVM_FEATURE_PV_SEND_IPI.
+    const PV_SEND_IPI: u32 = 1 << 11;
 
     let h = arch::cpuid(0x4000_0000, 0);
     let sig = arch::cpuid_string([h[1], h[2], h[3]]);
@@ -45,8 +50,8 @@ fn main(t: &mut Test) {
     let f = arch::cpuid(0x4000_0001, 0);
     t.measure("cpuid.40000001.eax", format_args!("{:#x}", f[0]));
     t.measure("cpuid.40000001.edx", format_args!("{:#x}", f[3]));
-    let want = PV_UNHALT | PV_SCHED_YIELD;
-    t.eq("pv-unhalt-and-sched-yield-offered", f[0] & want, want);
+    let want = PV_UNHALT | PV_SCHED_YIELD | PV_SEND_IPI;
+    t.eq("pv-unhalt-sched-yield-send-ipi-offered", f[0] & want, want);
 
     t.eq(
         "vmcall-unknown-enosys",
@@ -83,6 +88,28 @@ fn main(t: &mut Test) {
         "kick-missing-cpu",
         arch::vmcall(KVM_HC_KICK_CPU, [0, 200, 0, 0]),
         Ok(0),
+    );
+    // SEND_IPI returns how many vCPUs it reached: ourselves (APIC ID 0; the
+    // vector stays pending, interrupts are off), nobody at IDs 100..163.
+    t.eq(
+        "send-ipi-self",
+        arch::vmcall(KVM_HC_SEND_IPI, [1, 0, 0, 0xfd]),
+        Ok(1),
+    );
+    t.eq(
+        "send-ipi-nobody",
+        arch::vmcall(KVM_HC_SEND_IPI, [u64::MAX, 0, 100, 0xfd]),
+        Ok(0),
+    );
+    t.eq(
+        "send-ipi-logical-einval",
+        arch::vmcall(KVM_HC_SEND_IPI, [1, 0, 0, 0x800 | 0xfd]),
+        Ok(EINVAL),
+    );
+    t.eq(
+        "send-ipi-shorthand-einval",
+        arch::vmcall(KVM_HC_SEND_IPI, [1, 0, 0, 0xc0000 | 0xfd]),
+        Ok(EINVAL),
     );
     let pairing = arch::vmcall(KVM_HC_CLOCK_PAIRING, [0, 0, 0, 0]);
     t.measure("clock-pairing", format_args!("{pairing:?}"));
