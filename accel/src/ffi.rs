@@ -403,8 +403,6 @@ pub unsafe extern "C" fn rustkvm_x86_hypercall(
         Action::None => (header::RUSTKVM_HC_NONE, 0),
         Action::Yield => (header::RUSTKVM_HC_YIELD, 0),
         Action::Kick(apic) => (header::RUSTKVM_HC_KICK, apic),
-        // Vcpu::hypercall has already sent the IPIs.
-        Action::SendIpi { .. } => (header::RUSTKVM_HC_NONE, 0),
     };
     *out = header::RustkvmHypercallResult {
         ret: o.ret,
@@ -630,7 +628,7 @@ mod tests {
             rustkvm_vcpu_reset(v0);
             rustkvm_vcpu_reset(std::ptr::null_mut());
 
-            let routes = (*v0.cast::<Vcpu>()).state().routes;
+            let routes = (*v0.cast::<Vcpu>()).routes();
             assert_eq!((routes.cpuid, routes.rdmsr, routes.wrmsr), (1, 2, 0));
 
             rustkvm_vcpu_destroy(v0);

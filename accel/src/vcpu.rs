@@ -5,7 +5,7 @@
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -65,6 +65,42 @@ impl fmt::Display for RouteCounts {
     }
 }
 
+/// The live counters behind [`RouteCounts`]: only the vCPU's own thread
+/// bumps them (a plain load and store, no atomic read-modify-write and no
+/// lock on the routing paths); other threads read a snapshot.
+#[derive(Debug, Default)]
+pub struct RouteCounters {
+    cpuid: AtomicU64,
+    rdmsr: AtomicU64,
+    wrmsr: AtomicU64,
+    rdpmc: AtomicU64,
+    hypercall: AtomicU64,
+    hvc_smc: AtomicU64,
+    pmu_read: AtomicU64,
+    pmu_write: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
+impl RouteCounters {
+    /// A copy of the counts.
+    pub fn snapshot(&self) -> RouteCounts {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RouteCounts {
+            cpuid: g(&self.cpuid),
+            rdmsr: g(&self.rdmsr),
+            wrmsr: g(&self.wrmsr),
+            rdpmc: g(&self.rdpmc),
+            hypercall: g(&self.hypercall),
+            hvc_smc: g(&self.hvc_smc),
+            pmu_read: g(&self.pmu_read),
+            pmu_write: g(&self.pmu_write),
+        }
+    }
+}
+
 /// Per-vCPU state, plain data so that QEMU can describe it with a
 /// VMStateDescription for savevm/loadvm and migration.
 #[repr(C)]
@@ -72,8 +108,6 @@ impl fmt::Display for RouteCounts {
 pub struct VcpuState {
     /// Architectural resets seen since creation.
     pub resets: u64,
-    /// Routing-point hits since creation.
-    pub routes: RouteCounts,
     /// x86 steal time.
     pub steal: StealTime,
 }
@@ -88,6 +122,7 @@ pub struct Vcpu {
     state: Mutex<VcpuState>,
     // Set by another vCPU's KVM_HC_KICK_CPU, consumed by this vCPU's HLT.
     pv_unhalt: AtomicBool,
+    routes: RouteCounters,
     shared: Arc<Shared>,
 }
 
@@ -104,6 +139,7 @@ impl Vcpu {
             arch,
             state: Mutex::new(VcpuState::default()),
             pv_unhalt: AtomicBool::new(false),
+            routes: RouteCounters::default(),
             shared,
         }
     }
@@ -121,6 +157,11 @@ impl Vcpu {
     /// A copy of the state.
     pub fn state(&self) -> VcpuState {
         *self.state.lock()
+    }
+
+    /// How often each routing point was reached.
+    pub fn routes(&self) -> RouteCounts {
+        self.routes.snapshot()
     }
 
     fn lock(&self) -> MutexGuard<'_, VcpuState> {
@@ -174,14 +215,17 @@ impl Vcpu {
 
     /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
     pub fn cpuid(&self, _leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
-        self.lock().routes.cpuid += 1;
+        bump(&self.routes.cpuid);
         Route::Unhandled
     }
 
     /// RDMSR.
     pub fn rdmsr(&self, index: u32) -> Route<u64> {
-        let mut s = self.lock();
-        s.routes.rdmsr += 1;
+        bump(&self.routes.rdmsr);
+        if self.arch != Arch::X86_64 || index != MSR_KVM_STEAL_TIME {
+            return Route::Unhandled;
+        }
+        let s = self.lock();
         match (self.arch, index) {
             (Arch::X86_64, MSR_KVM_STEAL_TIME) => Route::Handled(s.steal.msr),
             _ => Route::Unhandled,
@@ -190,8 +234,11 @@ impl Vcpu {
 
     /// WRMSR.
     pub fn wrmsr(&self, index: u32, value: u64) -> Route<()> {
+        bump(&self.routes.wrmsr);
+        if self.arch != Arch::X86_64 || index != MSR_KVM_STEAL_TIME {
+            return Route::Unhandled;
+        }
         let mut s = self.lock();
-        s.routes.wrmsr += 1;
         match (self.arch, index) {
             (Arch::X86_64, MSR_KVM_STEAL_TIME) => match s.steal.write_msr(value) {
                 Ok(()) => {
@@ -213,37 +260,19 @@ impl Vcpu {
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
     pub fn rdpmc(&self, _ecx: u32) -> Route<u64> {
-        self.lock().routes.rdpmc += 1;
+        bump(&self.routes.rdpmc);
         Route::Unhandled
     }
 
     /// A KVM hypercall (VMCALL/VMMCALL). IPIs are sent here; kicks and
     /// yields are left to the accelerator.
+    #[inline]
     pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
-        self.lock().routes.hypercall += 1;
-        let mut out = hypercall::handle(call, hypercall::Enforce(None));
-        if let hypercall::Action::SendIpi {
-            low,
-            high,
-            min,
-            cluster,
-            icr,
-        } = out.action
-        {
-            let sent = hypercall::ipi_targets(low, high, min, cluster)
-                .filter(|&apic| self.shared.memory.send_ipi(apic, icr))
-                .count() as u64;
-            let mask = if call.long_mode {
-                u64::MAX
-            } else {
-                u64::from(u32::MAX)
-            };
-            out = hypercall::Outcome {
-                ret: sent & mask,
-                action: hypercall::Action::None,
-            };
-        }
-        out
+        bump(&self.routes.hypercall);
+        let host = &self.shared.memory;
+        hypercall::handle(call, hypercall::Enforce(None), &mut |apic, icr| {
+            host.send_ipi(apic, icr)
+        })
     }
 
     /// Record a KVM_HC_KICK_CPU aimed at this vCPU.
@@ -258,19 +287,19 @@ impl Vcpu {
 
     /// HVC/SMC with x0..x7; a handled call returns x0..x3.
     pub fn hvc_smc(&self, _is_smc: bool, _regs: [u64; 8]) -> Route<[u64; 4]> {
-        self.lock().routes.hvc_smc += 1;
+        bump(&self.routes.hvc_smc);
         Route::Unhandled
     }
 
     /// MRS of a PMU system register (KVM `sys_reg()` encoding).
     pub fn pmu_read(&self, _encoding: u32) -> Route<u64> {
-        self.lock().routes.pmu_read += 1;
+        bump(&self.routes.pmu_read);
         Route::Unhandled
     }
 
     /// MSR of a PMU system register (KVM `sys_reg()` encoding).
     pub fn pmu_write(&self, _encoding: u32, _value: u64) -> Route<()> {
-        self.lock().routes.pmu_write += 1;
+        bump(&self.routes.pmu_write);
         Route::Unhandled
     }
 }
@@ -334,10 +363,9 @@ mod tests {
         v.rdmsr(0x10);
         v.wrmsr(0x10, 0);
         v.rdpmc(0);
-        let s = v.state();
-        assert_eq!(s.resets, 2);
+        assert_eq!(v.state().resets, 2);
         assert_eq!(
-            s.routes,
+            v.routes(),
             RouteCounts {
                 cpuid: 1,
                 rdmsr: 2,
@@ -347,7 +375,7 @@ mod tests {
             }
         );
         assert_eq!(
-            s.routes.to_string(),
+            v.routes().to_string(),
             "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0"
         );
     }

@@ -182,13 +182,12 @@ impl Vm {
     pub fn stats_report(&self) -> String {
         let mut out = String::new();
         for vcpu in self.vcpus() {
-            let s = vcpu.state();
             out += &format!(
                 "rustkvm: {} vcpu {}: resets={} {}\n",
                 self.config.arch.name(),
                 vcpu.index(),
-                s.resets,
-                s.routes
+                vcpu.state().resets,
+                vcpu.routes()
             );
         }
         out

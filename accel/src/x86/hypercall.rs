@@ -60,20 +60,6 @@ pub enum Action {
     Yield,
     /// Unhalt the vCPU with this APIC ID (KVM_HC_KICK_CPU), then yield.
     Kick(u64),
-    /// Send the IPI `icr` (see [`APIC_IPI_BITS`]) to every APIC ID in
-    /// [`ipi_targets`]; RAX becomes the number delivered (KVM_HC_SEND_IPI).
-    SendIpi {
-        /// Bitmap of APIC IDs `min ..`.
-        low: u64,
-        /// Bitmap of APIC IDs `min + cluster ..`.
-        high: u64,
-        /// First APIC ID.
-        min: u64,
-        /// Bits per bitmap: 64 in 64-bit mode, else 32.
-        cluster: u32,
-        /// The ICR's vector, delivery mode, level and trigger mode.
-        icr: u32,
-    },
 }
 
 /// The APIC IDs a KVM_HC_SEND_IPI addresses, as `kvm_pv_send_ipi` walks
@@ -111,8 +97,10 @@ impl Enforce {
     }
 }
 
-/// Decode and execute a hypercall.
-pub fn handle(call: Call, enforce: Enforce) -> Outcome {
+/// Decode and execute a hypercall. KVM_HC_SEND_IPI calls `send_ipi(apic_id,
+/// icr)` for each addressed vCPU (true if it exists) and returns the count.
+#[inline]
+pub fn handle(call: Call, enforce: Enforce, send_ipi: &mut dyn FnMut(u32, u32) -> bool) -> Outcome {
     use super::cpuid::{
         KVM_FEATURE_PV_SCHED_YIELD, KVM_FEATURE_PV_SEND_IPI, KVM_FEATURE_PV_UNHALT,
     };
@@ -135,14 +123,13 @@ pub fn handle(call: Call, enforce: Enforce) -> Outcome {
                 if a[3] & (APIC_DEST_MASK | APIC_SHORT_MASK) != 0 {
                     (neg(KVM_EINVAL), Action::None)
                 } else {
-                    let action = Action::SendIpi {
-                        low: a[0],
-                        high: a[1],
-                        min: a[2] & u64::from(u32::MAX),
-                        cluster: if call.long_mode { 64 } else { 32 },
-                        icr: a[3] as u32 & APIC_IPI_BITS,
-                    };
-                    (0, action)
+                    let cluster = if call.long_mode { 64 } else { 32 };
+                    let icr = a[3] as u32 & APIC_IPI_BITS;
+                    let min = a[2] & u64::from(u32::MAX);
+                    let sent = ipi_targets(a[0], a[1], min, cluster)
+                        .filter(|&apic| send_ipi(apic, icr))
+                        .count() as u64;
+                    (sent, Action::None)
                 }
             }
             // kvmclock is not implemented yet: KVM answers EOPNOTSUPP when it
@@ -160,6 +147,11 @@ pub fn handle(call: Call, enforce: Enforce) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `handle` with an IPI sink that accepts APIC IDs below 4.
+    fn handle(c: Call, e: Enforce) -> Outcome {
+        super::handle(c, e, &mut |apic, _| apic < 4)
+    }
 
     fn call(nr: u64) -> Call {
         Call {
@@ -261,53 +253,49 @@ mod tests {
 
     #[test]
     fn send_ipi_decodes_like_kvm_pv_send_ipi() {
+        let mut sent = Vec::new();
         let c = Call {
-            args: [0b101, 0b1, 3, 0x4000 | 0x0400 | 0xfd],
+            args: [0b101, 0b1, 1, 0x4000 | 0x0400 | 0xfd],
             ..call(KVM_HC_SEND_IPI)
         };
-        let o = handle(c, OFF);
+        let o = super::handle(c, OFF, &mut |apic, icr| {
+            sent.push((apic, icr));
+            apic < 4
+        });
+        assert_eq!(sent, vec![(1, 0x44fd), (3, 0x44fd), (65, 0x44fd)]);
         assert_eq!(
-            o.action,
-            Action::SendIpi {
-                low: 0b101,
-                high: 1,
-                min: 3,
-                cluster: 64,
-                icr: 0x44fd
-            }
+            o,
+            Outcome {
+                ret: 2,
+                action: Action::None
+            },
+            "APIC 65 does not exist"
         );
         assert_eq!(
             ipi_targets(0b101, 1, 3, 64).collect::<Vec<_>>(),
             vec![3, 5, 67]
         );
-        // 32-bit mode: 32-bit bitmaps and clusters.
+        // 32-bit mode: 32-bit bitmaps and clusters, 32-bit result.
         let c32 = Call {
             long_mode: false,
             args: [0xffff_ffff_0000_0002, 1, 0, 0xfd],
             ..call(KVM_HC_SEND_IPI)
         };
-        let Action::SendIpi {
-            low,
-            high,
-            min,
-            cluster,
-            ..
-        } = handle(c32, OFF).action
-        else {
-            panic!()
-        };
-        assert_eq!(
-            ipi_targets(low, high, min, cluster).collect::<Vec<_>>(),
-            vec![1, 32]
-        );
+        let mut ids = Vec::new();
+        super::handle(c32, OFF, &mut |apic, _| {
+            ids.push(apic);
+            true
+        });
+        assert_eq!(ids, vec![1, 32]);
         // Logical destination or a shorthand: -KVM_EINVAL, nothing sent.
         for icr in [0x800, 0x40000, 0x80000] {
-            let o = handle(
+            let o = super::handle(
                 Call {
                     args: [1, 0, 0, icr | 0xfd],
                     ..call(KVM_HC_SEND_IPI)
                 },
                 OFF,
+                &mut |_, _| panic!("sent"),
             );
             assert_eq!(
                 (o.ret as i64, o.action),
