@@ -162,21 +162,22 @@ pub fn command_args(
         &config.smp.to_string(),
         "-m",
         "512",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-serial",
-        "stdio",
-        "-no-reboot",
-        "-kernel",
-        &kernel.display().to_string(),
-        "-initrd",
-        &initrd.display().to_string(),
-        "-append",
-        &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}"),
     ]
     .iter()
+    .chain(qemu::HEADLESS.iter())
     .map(|s| s.to_string())
+    .chain(
+        [
+            "-kernel",
+            &kernel.display().to_string(),
+            "-initrd",
+            &initrd.display().to_string(),
+            "-append",
+            &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}"),
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    )
     .collect()
 }
 

@@ -196,6 +196,17 @@ pub fn emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
     Ok(path)
 }
 
+/// Every run: no default devices, no display, the serial console on
+/// stdout, exit instead of rebooting.
+pub const HEADLESS: [&str; 6] = [
+    "-nodefaults",
+    "-display",
+    "none",
+    "-serial",
+    "stdio",
+    "-no-reboot",
+];
+
 /// One of QEMU's own test plugins (`tests/tcg/plugins/lib<name>.so`), built
 /// beside the emulators by `scripts/build-qemu.sh`.
 pub fn plugin(name: &str) -> Result<PathBuf, HarnessError> {
@@ -239,23 +250,11 @@ pub fn command_args(
     }
     let mut args: Vec<String> = arch.machine_args().iter().map(|s| s.to_string()).collect();
     args.extend(
-        [
-            "-accel",
-            &accel,
-            "-smp",
-            &smp.to_string(),
-            "-m",
-            "128",
-            "-nodefaults",
-            "-display",
-            "none",
-            "-serial",
-            "stdio",
-            "-no-reboot",
-            "-kernel",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
+        ["-accel", &accel, "-smp", &smp.to_string(), "-m", "128"]
+            .iter()
+            .chain(HEADLESS.iter())
+            .chain(["-kernel"].iter())
+            .map(|s| s.to_string()),
     );
     args.push(kernel.display().to_string());
     if let Some(cpu) = cpu {

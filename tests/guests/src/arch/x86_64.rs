@@ -527,3 +527,48 @@ pub fn start_ap(apic_id: u8, work: fn()) {
         while !lapic_icr_idle() {}
     }
 }
+
+/// Whether CPUID 0x40000000 carries KVM's signature ("KVMKVMKVM\0\0\0").
+pub fn has_kvm_signature() -> bool {
+    let h = cpuid(0x4000_0000, 0);
+    &cpuid_string([h[1], h[2], h[3]]) == b"KVMKVMKVM\0\0\0"
+}
+
+/// MSR_KVM_STEAL_TIME (Documentation/virt/kvm/x86/msr.rst).
+pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+
+/// `struct kvm_steal_time` (arch/x86/include/uapi/asm/kvm_para.h), 64-byte
+/// aligned as the MSR requires.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct KvmStealTime {
+    /// Nanoseconds stolen.
+    pub steal: u64,
+    /// Odd while the host writes.
+    pub version: u32,
+    /// Flags.
+    pub flags: u32,
+    /// Bit 0: the vCPU is preempted.
+    pub preempted: u8,
+    /// Padding to 64 bytes.
+    pub pad: [u8; 47],
+}
+
+impl KvmStealTime {
+    /// A zeroed structure.
+    pub const fn new() -> Self {
+        KvmStealTime {
+            steal: 0,
+            version: 0,
+            flags: 0,
+            preempted: 0,
+            pad: [0; 47],
+        }
+    }
+}
+
+impl Default for KvmStealTime {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -23,26 +23,9 @@ fn main(t: &mut Test) {
 #[cfg(target_arch = "x86_64")]
 mod smp {
     use core::ptr::{addr_of, addr_of_mut};
-    use guest::arch;
+    use guest::arch::{self, KvmStealTime, MSR_KVM_STEAL_TIME};
 
-    pub const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
-
-    #[repr(C, align(64))]
-    pub struct KvmStealTime {
-        pub steal: u64,
-        pub version: u32,
-        pub flags: u32,
-        pub preempted: u8,
-        pub pad: [u8; 47],
-    }
-
-    pub static mut AP_ST: KvmStealTime = KvmStealTime {
-        steal: 0,
-        version: 0,
-        flags: 0,
-        preempted: 0,
-        pad: [0; 47],
-    };
+    pub static mut AP_ST: KvmStealTime = KvmStealTime::new();
     pub static mut AP_STAGE: u64 = 0;
     pub static mut AP_COUNTER: u64 = 0;
     pub static mut STOP: u64 = 0;
@@ -90,8 +73,7 @@ fn main(t: &mut Test) {
 
     const KVM_HC_KICK_CPU: u64 = 5;
 
-    let h = arch::cpuid(0x4000_0000, 0);
-    if &arch::cpuid_string([h[1], h[2], h[3]]) != b"KVMKVMKVM\0\0\0" {
+    if !arch::has_kvm_signature() {
         t.skip("kvm-pv-smp", "no KVM signature at CPUID 0x40000000");
         return;
     }

@@ -19,26 +19,13 @@ fn main(t: &mut Test) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[repr(C, align(64))]
-struct KvmStealTime {
-    steal: u64,
-    version: u32,
-    rest: [u32; 13],
-}
-
-#[cfg(target_arch = "x86_64")]
-static mut ST: KvmStealTime = KvmStealTime {
-    steal: 0,
-    version: 0,
-    rest: [0; 13],
-};
+static mut ST: guest::arch::KvmStealTime = guest::arch::KvmStealTime::new();
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
     use core::ptr::addr_of;
-    use guest::{arch, println};
-
-    const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+    use guest::arch::{self, MSR_KVM_STEAL_TIME};
+    use guest::println;
     /// Guest TSC ticks to keep checking for (about 3 s at 2–4 GHz).
     const SPAN: u64 = 9_000_000_000;
 

@@ -19,34 +19,15 @@ fn main(t: &mut Test) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[repr(C, align(64))]
-struct KvmStealTime {
-    steal: u64,
-    version: u32,
-    flags: u32,
-    preempted: u8,
-    pad: [u8; 47],
-}
-
-#[cfg(target_arch = "x86_64")]
-static mut ST: KvmStealTime = KvmStealTime {
-    steal: 0,
-    version: 0,
-    flags: 0,
-    preempted: 0,
-    pad: [0; 47],
-};
+static mut ST: guest::arch::KvmStealTime = guest::arch::KvmStealTime::new();
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
     use core::ptr::addr_of;
-    use guest::arch::{self, GP_VECTOR};
-
-    const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+    use guest::arch::{self, GP_VECTOR, MSR_KVM_STEAL_TIME};
     const KVM_FEATURE_STEAL_TIME: u32 = 1 << 5;
 
-    let h = arch::cpuid(0x4000_0000, 0);
-    if &arch::cpuid_string([h[1], h[2], h[3]]) != b"KVMKVMKVM\0\0\0" {
+    if !arch::has_kvm_signature() {
         t.skip("steal-time", "no KVM signature at CPUID 0x40000000");
         return;
     }
