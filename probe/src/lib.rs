@@ -7,6 +7,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod json;
+pub mod lockbench;
 pub mod perf;
 pub mod system;
 pub mod workload;
