@@ -74,7 +74,16 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
         return error_code(AccelError::MachineExists);
     }
     let memory = Box::new(HostMemory(config.ops));
-    *vm = Some(Arc::new(Vm::with_memory(vm_config, memory)));
+    let machine = Arc::new(Vm::with_memory(vm_config, memory));
+    if vm_config.mttcg && vm_config.arch == Arch::X86_64 {
+        // Host preemption of a vCPU thread is only visible from outside it.
+        // Without the sampler, steal time still works; only the MTTCG
+        // preempted hint and timely steal updates are lost.
+        if let Err(e) = machine.start_sampler(std::time::Duration::from_millis(2)) {
+            eprintln!("rustkvm: warning: no steal-time sampler thread ({e}): no preempted hint under MTTCG");
+        }
+    }
+    *vm = Some(machine);
     header::RUSTKVM_OK
 }
 

@@ -14,6 +14,19 @@ pub fn parse_run_delay(text: &str) -> Option<u64> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The calling thread's kernel thread id.
+pub fn current_tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// (run ns, run-queue delay ns) of thread `tid` of this process.
+pub fn task_schedstat(tid: i32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let mut f = text.split_whitespace();
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
 /// The calling thread's run-queue delay in ns (time runnable but not
 /// running, KVM's `sched_info.run_delay`); 0 if the kernel does not say.
 pub fn thread_run_delay_ns() -> u64 {
@@ -37,6 +50,18 @@ mod tests {
     fn schedstat_field_two_is_the_run_delay() {
         assert_eq!(parse_run_delay("1234 5678 9\n"), Some(5678));
         assert_eq!(parse_run_delay("1234"), None);
+    }
+
+    #[test]
+    fn another_threads_schedstat_is_readable_by_tid() {
+        let tid = current_tid();
+        let (run, delay) = task_schedstat(tid).expect("schedstat");
+        assert!(run > 0);
+        assert!(
+            thread_run_delay_ns() >= delay,
+            "the same counter, read later"
+        );
+        assert!(task_schedstat(-5).is_none());
     }
 
     #[test]

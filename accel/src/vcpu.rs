@@ -5,7 +5,7 @@
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -123,6 +123,8 @@ pub struct Vcpu {
     // Set by another vCPU's KVM_HC_KICK_CPU, consumed by this vCPU's HLT.
     pv_unhalt: AtomicBool,
     routes: RouteCounters,
+    // The host thread running this vCPU (MTTCG sampler), 0 until it runs.
+    tid: AtomicI32,
     shared: Arc<Shared>,
 }
 
@@ -140,6 +142,7 @@ impl Vcpu {
             state: Mutex::new(VcpuState::default()),
             pv_unhalt: AtomicBool::new(false),
             routes: RouteCounters::default(),
+            tid: AtomicI32::new(0),
             shared,
         }
     }
@@ -190,12 +193,36 @@ impl Vcpu {
 
     /// The vCPU's thread is about to run guest code.
     pub fn run_begin(&self) {
+        if self.tid.load(Ordering::Relaxed) == 0 {
+            self.tid
+                .store(crate::host::current_tid(), Ordering::Relaxed);
+        }
         let mut s = self.lock();
         if s.steal.enabled() {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
             s.steal
                 .enter(&*self.shared.memory, self.shared.threading(), now, rd);
         }
+    }
+
+    /// MTTCG sampler tick: `last` is what the previous tick saw of this
+    /// vCPU's thread (run, delay ns) and is updated; `interval_ns` since then.
+    pub fn sample(&self, last: &mut Option<(u64, u64)>, interval_ns: u64) {
+        let tid = self.tid.load(Ordering::Relaxed);
+        if tid == 0 || !self.lock().steal.enabled() {
+            *last = None;
+            return;
+        }
+        let Some((run, delay)) = crate::host::task_schedstat(tid) else {
+            return;
+        };
+        if let Some((_, delay0)) = *last {
+            let waited = delay.saturating_sub(delay0);
+            self.lock()
+                .steal
+                .sample(&*self.shared.memory, delay, waited, interval_ns);
+        }
+        *last = Some((run, delay));
     }
 
     /// The vCPU's thread left guest code; `halted` if voluntarily.

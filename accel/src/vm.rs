@@ -178,6 +178,33 @@ impl Vm {
         self.vcpus.lock().iter().flatten().cloned().collect()
     }
 
+    /// Start the MTTCG steal-time sampler: every `period` it looks at each
+    /// vCPU thread's host scheduling (see `StealTime::sample`). It stops when
+    /// the machine is dropped.
+    pub fn start_sampler(self: &Arc<Self>, period: std::time::Duration) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("rustkvm-steal".into())
+            .spawn(move || {
+                let mut last: Vec<Option<(u64, u64)>> = Vec::new();
+                let mut t0 = Instant::now();
+                loop {
+                    std::thread::sleep(period);
+                    let Some(vm) = weak.upgrade() else { break };
+                    let interval = t0.elapsed().as_nanos() as u64;
+                    t0 = Instant::now();
+                    for v in vm.vcpus() {
+                        let i = v.index() as usize;
+                        if last.len() <= i {
+                            last.resize(i + 1, None);
+                        }
+                        v.sample(&mut last[i], interval);
+                    }
+                }
+            })
+            .map(|_| ())
+    }
+
     /// The `stats=on` report: one line per live vCPU.
     pub fn stats_report(&self) -> String {
         let mut out = String::new();

@@ -114,6 +114,8 @@ pub struct RunOptions {
     pub accel_opts: Vec<String>,
     /// Extra QEMU arguments, e.g. `-plugin ...`.
     pub qemu_args: Vec<String>,
+    /// Run QEMU on this one host CPU only (`taskset -c`): overcommit.
+    pub pin_cpu: Option<usize>,
 }
 
 /// Boot `test` on `arch`/`variant`/`backend` and judge the result.
@@ -158,7 +160,15 @@ pub fn run_with(
     }
     args.extend(opts.qemu_args.iter().cloned());
     let start = Instant::now();
-    let mut child = Command::new(&exe)
+    let mut cmd = match opts.pin_cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut child = cmd
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

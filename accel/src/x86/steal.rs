@@ -156,6 +156,40 @@ impl StealTime {
         }
     }
 
+    /// MTTCG sampler (another thread, every few ms): over the last
+    /// `interval_ns` the vCPU thread waited `waited_ns` on the host run queue,
+    /// its run delay now being `run_delay_ns`. Folds the steal in at once and
+    /// sets `preempted` while the thread spent most of the interval waiting
+    /// (it is runnable but not running: descheduled involuntarily), clears it
+    /// once it runs again. A halted vCPU's thread sleeps, so it never waits
+    /// on the run queue and is never marked.
+    pub fn sample(
+        &mut self,
+        mem: &dyn GuestMemory,
+        run_delay_ns: u64,
+        waited_ns: u64,
+        interval_ns: u64,
+    ) {
+        if !self.enabled() || self.last_run_delay_ns == 0 {
+            return;
+        }
+        if run_delay_ns > self.last_run_delay_ns {
+            self.pending_ns += run_delay_ns - self.last_run_delay_ns;
+            self.last_run_delay_ns = run_delay_ns;
+            let preempted = self.preempted;
+            self.record(mem);
+            self.preempted = preempted;
+            if preempted != 0 {
+                let _ = mem.write(self.gpa() + layout::PREEMPTED, &[preempted]);
+            }
+        }
+        if waited_ns.saturating_mul(2) > interval_ns {
+            self.set_preempted(mem);
+        } else if self.preempted != 0 && mem.write(self.gpa() + layout::PREEMPTED, &[0]) {
+            self.preempted = 0;
+        }
+    }
+
     /// `kvm_steal_time_set_preempted`: mark the vCPU preempted in the guest.
     fn set_preempted(&mut self, mem: &dyn GuestMemory) {
         if self.preempted != 0 {
@@ -300,6 +334,36 @@ mod tests {
         let lone = Threading::RoundRobin { peers: false };
         st.exit(&ram, lone, 10_000, 250, false);
         assert_eq!(preempted(&ram), 0);
+    }
+
+    #[test]
+    fn mttcg_sampler_marks_a_waiting_thread_preempted_and_clears_it() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 1_000);
+        // 1 ms interval, 0.8 ms of it waiting: preempted, steal folded in.
+        st.sample(&ram, 801_000, 800_000, 1_000_000);
+        assert_eq!(
+            (preempted(&ram), steal(&ram)),
+            (KVM_VCPU_PREEMPTED, 800_000)
+        );
+        assert_eq!(version(&ram) % 2, 0);
+        // Still waiting: stays set, steal keeps growing.
+        st.sample(&ram, 1_801_000, 1_000_000, 1_000_000);
+        assert_eq!(
+            (preempted(&ram), steal(&ram)),
+            (KVM_VCPU_PREEMPTED, 1_800_000)
+        );
+        // Running again: cleared, no new steal.
+        st.sample(&ram, 1_801_000, 0, 1_000_000);
+        assert_eq!((preempted(&ram), steal(&ram)), (0, 1_800_000));
+        // A little waiting is not a deschedule.
+        st.sample(&ram, 1_901_000, 100_000, 1_000_000);
+        assert_eq!((preempted(&ram), steal(&ram)), (0, 1_900_000));
+        // The vCPU's own entry does not count the sampled steal twice.
+        st.enter(&ram, Threading::Mttcg, 2, 1_901_000);
+        assert_eq!(steal(&ram), 1_900_000);
     }
 
     #[test]
