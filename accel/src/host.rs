@@ -55,8 +55,9 @@ mod tests {
     #[test]
     fn another_threads_schedstat_is_readable_by_tid() {
         let tid = current_tid();
-        let (run, delay) = task_schedstat(tid).expect("schedstat");
-        assert!(run > 0);
+        // Both fields are kernel accounting that may still be 0 for a thread
+        // that has not been descheduled yet; only their relation is fixed.
+        let (_run, delay) = task_schedstat(tid).expect("schedstat of our own thread");
         assert!(
             thread_run_delay_ns() >= delay,
             "the same counter, read later"
