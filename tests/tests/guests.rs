@@ -9,10 +9,19 @@ use std::process::Command;
 use std::time::Duration;
 
 use rustkvm_tests::report::{self, Selection};
+
+/// Tests here measure steal time and preemption, which other QEMUs running
+/// at the same time would distort: they take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 use rustkvm_tests::{guest, qemu, run, Arch, Backend, Status, Variant};
 
 #[test]
 fn every_guest_passes_on_every_backend_and_rustkvm_matches_tcg() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let results = report::run_matrix(&tests, &Selection::default(), |_| {}).expect("matrix ran");
     println!("{}", report::table(&results));
@@ -62,6 +71,7 @@ fn run_one(name: &str, arch: Arch, variant: Variant) -> run::RunResult {
 
 #[test]
 fn x86_routing_points_reach_rust_and_fall_back_to_tcg() {
+    let _serial = serial();
     let r = run_one("x86-routing", Arch::X86_64, Variant::Default);
     assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
     let n = |k: &str| r.outcome.routes.get(k).copied().unwrap_or(0);
@@ -77,6 +87,7 @@ fn x86_routing_points_reach_rust_and_fall_back_to_tcg() {
 
 #[test]
 fn arm64_hvc_routing_point_reaches_rust_and_falls_back_to_psci() {
+    let _serial = serial();
     let r = run_one("smp", Arch::Aarch64, Variant::MttcgSmp2);
     assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
     // CPU_ON from vCPU 0 and CPU_OFF from vCPU 1, both answered by QEMU's PSCI.
@@ -91,6 +102,7 @@ fn arm64_hvc_routing_point_reaches_rust_and_falls_back_to_psci() {
 
 #[test]
 fn arm64_pmu_sysreg_routing_point_sees_every_access() {
+    let _serial = serial();
     let r = run_one("arm-pmu-routing", Arch::Aarch64, Variant::Default);
     assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
     // The guest issues exactly 15 MRS and 16 MSR to routed PMU registers;
@@ -120,6 +132,7 @@ fn measure(r: &run::RunResult, key: &str) -> String {
 
 #[test]
 fn x86_kvm_pv_interface_under_rustkvm_only() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "x86-kvm-pv").unwrap();
     for variant in Variant::ALL {
@@ -153,6 +166,7 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
 
 #[test]
 fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "x86-kvm-pv-smp").unwrap();
     for variant in Variant::ALL {
@@ -190,6 +204,7 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
 
 #[test]
 fn x86_kvm_signature_and_feature_switches() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "hello").unwrap();
     let with = |backend, cpu: Option<&str>| {
@@ -256,6 +271,7 @@ fn hmp(sock: &mut std::os::unix::net::UnixStream, cmd: &str) -> String {
 
 #[test]
 fn x86_steal_time_msr_survives_migration() {
+    let _serial = serial();
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixStream;
     use std::process::{Command, Stdio};
@@ -332,6 +348,7 @@ fn x86_steal_time_msr_survives_migration() {
 
 #[test]
 fn a_hung_guest_is_killed_at_its_timeout() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "hello").unwrap();
     let opts = run::RunOptions {
@@ -349,6 +366,7 @@ fn a_hung_guest_is_killed_at_its_timeout() {
 
 #[test]
 fn tcg_options_and_plugins_still_work_under_rustkvm() {
+    let _serial = serial();
     let tests = guest::discover().expect("guest tests");
     let t = tests.iter().find(|t| t.name == "hello").unwrap();
     let plugin = qemu::plugin("insn").expect("QEMU's test plugin libinsn.so is built");
@@ -406,6 +424,7 @@ fn qemu_cmd(arch: Arch, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
+    let _serial = serial();
     for arch in Arch::ALL {
         let (ok, text) = qemu_cmd(arch, &["-accel", "help"]);
         assert!(ok && text.lines().any(|l| l == "rustkvm"), "{arch}: {text}");
