@@ -6,6 +6,7 @@
 //! with the errno.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod hypercall;
 pub mod json;
 pub mod lockbench;
 pub mod perf;
@@ -130,6 +131,7 @@ pub fn probe(opts: &Options) -> Json {
         .set("arch", std::env::consts::ARCH)
         .set("kernel", system::kernel_release())
         .set("cpus", system::online_cpus().len())
+        .set("hypercall_from_user", hypercall::from_user())
         .set("clocksource", system::clocksource())
         .set("dmesg", system::dmesg_lines())
         .set("perf", perf_report())
