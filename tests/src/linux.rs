@@ -463,6 +463,17 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
                 .unwrap_or_else(|| "none".into()),
         ),
         (
+            "VMCALL from user mode",
+            match (
+                at(r, "/hypercall_from_user/rax"),
+                at(r, "/hypercall_from_user/signal"),
+            ) {
+                (Some(rax), _) => format!("RAX = {rax}"),
+                (None, Some(sig)) => format!("killed by signal {sig}"),
+                _ => "-".into(),
+            },
+        ),
+        (
             "clocksource",
             at(r, "/clocksource/current").unwrap_or_default(),
         ),

@@ -142,6 +142,20 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_but_no_pmu_no_kvmclock() {
         "{}",
         k["dmesg"]
     );
+    // VMCALL from user mode: #UD (SIGILL) under tcg, -KVM_EPERM under
+    // rustkvm, as kvm_emulate_hypercall answers CPL > 0.
+    assert_eq!(
+        t.pointer("/hypercall_from_user/signal"),
+        Some(&Value::from(4)),
+        "{}",
+        t["hypercall_from_user"]
+    );
+    assert_eq!(
+        k.pointer("/hypercall_from_user/rax"),
+        Some(&Value::from(-1)),
+        "{}",
+        k["hypercall_from_user"]
+    );
     // Steal time: registered by Linux under rustkvm, never under tcg.
     assert!(dmesg_has(k, "stealtime: cpu"), "{}", k["dmesg"]);
     assert!(!dmesg_has(t, "stealtime"), "{}", t["dmesg"]);
