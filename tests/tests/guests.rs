@@ -17,6 +17,25 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The bundled guest test called `name`.
+fn find_test(name: &str) -> guest::GuestTest {
+    guest::discover()
+        .expect("guest tests")
+        .into_iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no guest test {name}"))
+}
+
+/// Fail with the guest's console unless the run passed.
+fn assert_pass(r: &run::RunResult, context: impl std::fmt::Display) {
+    assert_eq!(
+        r.outcome.status,
+        Status::Pass,
+        "{context}: {}",
+        r.outcome.serial
+    );
+}
 use rustkvm_tests::{guest, qemu, run, Arch, Backend, Status, Variant};
 
 #[test]
@@ -133,16 +152,10 @@ fn measure(r: &run::RunResult, key: &str) -> String {
 #[test]
 fn x86_kvm_pv_interface_under_rustkvm_only() {
     let _serial = serial();
-    let tests = guest::discover().expect("guest tests");
-    let t = tests.iter().find(|t| t.name == "x86-kvm-pv").unwrap();
+    let t = &find_test("x86-kvm-pv");
     for variant in Variant::ALL {
         let r = run::run(t, Arch::X86_64, variant, Backend::Rustkvm).expect("ran");
-        assert_eq!(
-            r.outcome.status,
-            Status::Pass,
-            "{variant}: {}",
-            r.outcome.serial
-        );
+        assert_pass(&r, variant);
         // 12 hypercalls of the guest's own, each routed into Rust.
         assert_eq!(
             r.outcome.routes.get("hypercall"),
@@ -167,16 +180,10 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
 #[test]
 fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
     let _serial = serial();
-    let tests = guest::discover().expect("guest tests");
-    let t = tests.iter().find(|t| t.name == "x86-kvm-pv-smp").unwrap();
+    let t = &find_test("x86-kvm-pv-smp");
     for variant in Variant::ALL {
         let r = run::run(t, Arch::X86_64, variant, Backend::Rustkvm).expect("ran");
-        assert_eq!(
-            r.outcome.status,
-            Status::Pass,
-            "{variant}: {}",
-            r.outcome.serial
-        );
+        assert_pass(&r, variant);
         // Round-robin (thread=single, also under -icount): while vCPU 0 runs,
         // the busy vCPU 1 is descheduled and its preempted flag is set. With a
         // thread per vCPU the host's preemption is not visible (docs/steal-time.md).
@@ -205,8 +212,7 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
 #[test]
 fn x86_kvm_signature_and_feature_switches() {
     let _serial = serial();
-    let tests = guest::discover().expect("guest tests");
-    let t = tests.iter().find(|t| t.name == "hello").unwrap();
+    let t = &find_test("hello");
     let with = |backend, cpu: Option<&str>| {
         let opts = run::RunOptions {
             qemu_args: cpu
@@ -349,8 +355,7 @@ fn x86_steal_time_msr_survives_migration() {
 #[test]
 fn a_hung_guest_is_killed_at_its_timeout() {
     let _serial = serial();
-    let tests = guest::discover().expect("guest tests");
-    let t = tests.iter().find(|t| t.name == "hello").unwrap();
+    let t = &find_test("hello");
     let opts = run::RunOptions {
         timeout: Some(Duration::from_millis(1)),
         ..Default::default()
@@ -367,8 +372,7 @@ fn a_hung_guest_is_killed_at_its_timeout() {
 #[test]
 fn tcg_options_and_plugins_still_work_under_rustkvm() {
     let _serial = serial();
-    let tests = guest::discover().expect("guest tests");
-    let t = tests.iter().find(|t| t.name == "hello").unwrap();
+    let t = &find_test("hello");
     let plugin = qemu::plugin("insn").expect("QEMU's test plugin libinsn.so is built");
     for arch in Arch::ALL {
         let reference = run::run(t, arch, Variant::Default, Backend::Tcg).expect("ran");
