@@ -207,14 +207,15 @@ impl Vcpu {
 
     /// MTTCG sampler tick: `last` is what the previous tick saw of this
     /// vCPU's thread (run, delay ns) and is updated; `interval_ns` since then.
-    pub fn sample(&self, last: &mut Option<(u64, u64)>, interval_ns: u64) {
+    /// Returns whether the vCPU has steal time on (is worth watching).
+    pub fn sample(&self, last: &mut Option<(u64, u64)>, interval_ns: u64) -> bool {
         let tid = self.tid.load(Ordering::Relaxed);
         if tid == 0 || !self.lock().steal.enabled() {
             *last = None;
-            return;
+            return false;
         }
         let Some((run, delay)) = crate::host::task_schedstat(tid) else {
-            return;
+            return true;
         };
         if let Some((_, delay0)) = *last {
             let waited = delay.saturating_sub(delay0);
@@ -223,6 +224,7 @@ impl Vcpu {
                 .sample(&*self.shared.memory, delay, waited, interval_ns);
         }
         *last = Some((run, delay));
+        true
     }
 
     /// The vCPU's thread left guest code; `halted` if voluntarily.

@@ -11,6 +11,9 @@ use crate::memory::{Host, NoMemory};
 use crate::vcpu::Vcpu;
 use crate::x86::steal::Threading;
 
+/// How often the steal-time sampler looks while no vCPU has steal time on.
+const IDLE_SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
 pub const MAX_VCPUS: u32 = 4096;
 
@@ -188,18 +191,27 @@ impl Vm {
             .spawn(move || {
                 let mut last: Vec<Option<(u64, u64)>> = Vec::new();
                 let mut t0 = Instant::now();
+                let mut nap = period;
                 loop {
-                    std::thread::sleep(period);
+                    std::thread::sleep(nap);
                     let Some(vm) = weak.upgrade() else { break };
                     let interval = t0.elapsed().as_nanos() as u64;
                     t0 = Instant::now();
+                    let mut watching = false;
                     for v in vm.vcpus() {
                         let i = v.index() as usize;
                         if last.len() <= i {
                             last.resize(i + 1, None);
                         }
-                        v.sample(&mut last[i], interval);
+                        watching |= v.sample(&mut last[i], interval);
                     }
+                    // While no guest has steal time on, look rarely: a guest
+                    // that does not use the feature should not pay for it.
+                    nap = if watching {
+                        period
+                    } else {
+                        IDLE_SAMPLER_PERIOD
+                    };
                 }
             })
             .map(|_| ())
