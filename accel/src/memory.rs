@@ -75,6 +75,15 @@ pub mod tests {
                 .filter(|(g, b)| *g < base || g + b.len() as u64 > base + len)
                 .count()
         }
+        /// Writes at exactly `gpa` since the first `skip` writes.
+        pub fn byte_writes(&self, gpa: u64, skip: usize) -> usize {
+            self.log
+                .borrow()
+                .iter()
+                .skip(skip)
+                .filter(|(g, _)| *g == gpa)
+                .count()
+        }
         /// Every u32 written at `gpa`, in order.
         pub fn version_history(&self, gpa: u64) -> Vec<u32> {
             self.log

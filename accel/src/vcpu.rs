@@ -197,11 +197,15 @@ impl Vcpu {
             self.tid
                 .store(crate::host::current_tid(), Ordering::Relaxed);
         }
-        let mut s = self.lock();
+        self.enter_steal(&mut self.lock());
+    }
+
+    /// Fold steal in at an entry into guest code (or a steal-time enable).
+    fn enter_steal(&self, s: &mut VcpuState) {
         if s.steal.enabled() {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
             s.steal
-                .enter(&*self.shared.memory, self.shared.threading(), now, rd);
+                .enter(&*self.shared.host, self.shared.threading(), now, rd);
         }
     }
 
@@ -221,7 +225,7 @@ impl Vcpu {
             let waited = delay.saturating_sub(delay0);
             self.lock()
                 .steal
-                .sample(&*self.shared.memory, delay, waited, interval_ns);
+                .sample(&*self.shared.host, delay, waited, interval_ns);
         }
         *last = Some((run, delay));
         true
@@ -232,13 +236,8 @@ impl Vcpu {
         let mut s = self.lock();
         if s.steal.enabled() {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-            s.steal.exit(
-                &*self.shared.memory,
-                self.shared.threading(),
-                now,
-                rd,
-                halted,
-            );
+            s.steal
+                .exit(&*self.shared.host, self.shared.threading(), now, rd, halted);
         }
     }
 
@@ -274,11 +273,7 @@ impl Vcpu {
                     // KVM requests a steal-time update on the write
                     // (KVM_REQ_STEAL_UPDATE): the structure is valid as soon
                     // as the guest runs again.
-                    if s.steal.enabled() {
-                        let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-                        s.steal
-                            .enter(&*self.shared.memory, self.shared.threading(), now, rd);
-                    }
+                    self.enter_steal(&mut s);
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
@@ -298,7 +293,7 @@ impl Vcpu {
     #[inline]
     pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
         bump(&self.routes.hypercall);
-        let host = &self.shared.memory;
+        let host = &self.shared.host;
         hypercall::handle(call, hypercall::Enforce(None), &mut |apic, icr| {
             host.send_ipi(apic, icr)
         })

@@ -68,7 +68,7 @@ impl VmConfig {
 /// the host clock's origin, and how many vCPUs are live.
 pub struct Shared {
     /// Guest RAM and interrupt delivery.
-    pub memory: Box<dyn Host + Send + Sync>,
+    pub host: Box<dyn Host + Send + Sync>,
     /// One thread per vCPU or round-robin.
     pub mttcg: bool,
     origin: Instant,
@@ -86,9 +86,9 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     /// Shared state over `memory`.
-    pub fn new(memory: Box<dyn Host + Send + Sync>, mttcg: bool) -> Self {
+    pub fn new(host: Box<dyn Host + Send + Sync>, mttcg: bool) -> Self {
         Shared {
-            memory,
+            host,
             mttcg,
             origin: Instant::now(),
             live_vcpus: AtomicU32::new(0),

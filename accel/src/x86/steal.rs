@@ -130,7 +130,7 @@ impl StealTime {
         }
         self.last_run_delay_ns = run_delay_ns;
         self.runnable_since_ns = 0;
-        self.record(mem);
+        self.record(mem, true);
     }
 
     /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
@@ -176,12 +176,8 @@ impl StealTime {
         if run_delay_ns > self.last_run_delay_ns {
             self.pending_ns += run_delay_ns - self.last_run_delay_ns;
             self.last_run_delay_ns = run_delay_ns;
-            let preempted = self.preempted;
-            self.record(mem);
-            self.preempted = preempted;
-            if preempted != 0 {
-                let _ = mem.write(self.gpa() + layout::PREEMPTED, &[preempted]);
-            }
+            // The vCPU is not entering: `preempted` is the sampler's to decide.
+            self.record(mem, false);
         }
         if waited_ns.saturating_mul(2) > interval_ns {
             self.set_preempted(mem);
@@ -200,17 +196,19 @@ impl StealTime {
         }
     }
 
-    /// `record_steal_time`: clear `preempted`, then bump the version to odd,
-    /// add the steal, bump it to even. Nothing is written unless the whole
-    /// structure is guest RAM.
-    fn record(&mut self, mem: &dyn GuestMemory) {
+    /// `record_steal_time`: clear `preempted` (on entry, `clear_preempted`),
+    /// then bump the version to odd, add the steal, bump it to even. Nothing
+    /// is written unless the whole structure is guest RAM.
+    fn record(&mut self, mem: &dyn GuestMemory, clear_preempted: bool) {
         let gpa = self.gpa();
         let mut st = [0u8; layout::PREEMPTED as usize + 1];
         if !mem.read(gpa, &mut st) || !mem.read(gpa + layout::SIZE - 1, &mut [0u8]) {
             return;
         }
-        let _ = mem.write(gpa + layout::PREEMPTED, &[0]);
-        self.preempted = 0;
+        if clear_preempted {
+            let _ = mem.write(gpa + layout::PREEMPTED, &[0]);
+            self.preempted = 0;
+        }
         let mut version = u32::from_le_bytes(st[8..12].try_into().unwrap_or_default());
         if version & 1 != 0 {
             // First write: the guest left junk (KVM's comment).
