@@ -7,16 +7,15 @@
 //! reason the runner detected) or ERROR (with the tail of the console).
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use crate::qemu::{self, Arch, Backend};
+use crate::run::Capture;
 use crate::HarnessError;
 
 /// Line before the probe's JSON (rustkvm-probe's BEGIN_MARKER).
@@ -207,24 +206,6 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn pump<R: Read + Send + 'static>(
-    pipe: Option<R>,
-    into: Arc<Mutex<String>>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let Some(mut p) = pipe else { return };
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = p.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            if let Ok(mut s) = into.lock() {
-                s.push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        }
-    })
-}
-
 /// Boot `config` and collect what the probe reports.
 pub fn run(config: Config, timeout: Duration) -> LinuxRun {
     let start = Instant::now();
@@ -264,23 +245,18 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
             )
         }
     };
-    let out = Arc::new(Mutex::new(String::new()));
-    let err = Arc::new(Mutex::new(String::new()));
-    let pumps = [
-        pump(child.stdout.take(), Arc::clone(&out)),
-        pump(child.stderr.take(), Arc::clone(&err)),
-    ];
-    let snapshot = |s: &Arc<Mutex<String>>| s.lock().map(|g| g.clone()).unwrap_or_default();
+    let out = Capture::spawn(child.stdout.take());
+    let err = Capture::spawn(child.stderr.take());
     let deadline = start + timeout;
     let mut report_seen_at = None;
     let mut kvm_error = None;
     let mut timed_out = false;
     loop {
-        if report_seen_at.is_none() && snapshot(&out).contains(END_MARKER) {
+        if report_seen_at.is_none() && out.snapshot().contains(END_MARKER) {
             report_seen_at = Some(unix_now());
         }
         if config.backend == Backend::Kvm {
-            let e = snapshot(&err);
+            let e = err.snapshot();
             if let Some(line) = e.lines().find(|l| l.contains(KVM_INTERNAL_ERROR)) {
                 // The faulting instruction's bytes: "Code=... <c4> 42 69 f7 ...".
                 let insn = e
@@ -311,11 +287,8 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
             Err(_) => break,
         }
     }
-    for p in pumps {
-        let _ = p.join();
-    }
-    let console = snapshot(&out);
-    let stderr = snapshot(&err);
+    let console = out.finish();
+    let stderr = err.finish();
     if report_seen_at.is_none() && console.contains(END_MARKER) {
         report_seen_at = Some(unix_now());
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -76,16 +77,52 @@ pub struct RunResult {
     pub outcome: Outcome,
 }
 
-/// Read a child's pipe to the end on a thread (so neither pipe can fill up
-/// and block QEMU).
-fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String> {
-    thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(mut p) = pipe {
-            let _ = p.read_to_end(&mut buf);
-        }
-        String::from_utf8_lossy(&buf).into_owned()
-    })
+/// A child's pipe read on a thread (so neither pipe can fill up and block
+/// QEMU), readable while the child runs and to the end afterwards.
+#[derive(Debug)]
+pub struct Capture {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    reader: thread::JoinHandle<()>,
+}
+
+impl Capture {
+    /// Start reading `pipe` (nothing to read if it is None).
+    pub fn spawn<R: Read + Send + 'static>(pipe: Option<R>) -> Capture {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let into = Arc::clone(&bytes);
+        let reader = thread::spawn(move || {
+            let Some(mut p) = pipe else { return };
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = p.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut b) = into.lock() {
+                    b.extend_from_slice(&buf[..n]);
+                }
+            }
+        });
+        Capture { bytes, reader }
+    }
+
+    /// What has arrived so far (bytes are kept whole, so a multi-byte
+    /// character split between reads is decoded intact).
+    pub fn snapshot(&self) -> String {
+        self.bytes
+            .lock()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Wait for the pipe to close and return everything.
+    pub fn finish(self) -> String {
+        let Capture { bytes, reader } = self;
+        let _ = reader.join();
+        let text = bytes
+            .lock()
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        text.unwrap_or_default()
+    }
 }
 
 /// Wait for `child` up to `timeout`; kill it after. Returns the exit code
@@ -178,15 +215,15 @@ pub fn run_with(
             what: format!("starting {}", exe.display()),
             source,
         })?;
-    let out = drain(child.stdout.take());
-    let err = drain(child.stderr.take());
+    let out = Capture::spawn(child.stdout.take());
+    let err = Capture::spawn(child.stderr.take());
     let (code, timed_out) =
         wait_with_timeout(&mut child, timeout).map_err(|source| HarnessError::Io {
             what: format!("waiting for {}", exe.display()),
             source,
         })?;
-    let serial = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    let serial = out.finish();
+    let stderr = err.finish();
     let outcome = judge(
         arch,
         code,
