@@ -39,6 +39,8 @@
 #define RUSTKVM_EINVAL_CPUS -2
 /** A machine was already initialised in this process. */
 #define RUSTKVM_EBUSY -3
+/** An option the guest architecture does not have (e.g. counter-offset on x86). */
+#define RUSTKVM_EINVAL_OPTION -4
 
 /** Largest vCPU count a rustkvm machine accepts (QEMU's x86 limit). */
 #define RUSTKVM_MAX_VCPUS 4096u
@@ -70,6 +72,11 @@ typedef struct RustkvmConfig {
     bool stats;
     /** One host thread per vCPU (MTTCG); false: round-robin on one thread. */
     bool mttcg;
+    /**
+     * arm64: -accel rustkvm,counter-offset=N, subtracted from every counter
+     * view of the guest like KVM_ARM_SET_COUNTER_OFFSET (0 on x86).
+     */
+    uint64_t counter_offset;
     /** Guest memory access and other services. */
     RustkvmHostOps ops;
 } RustkvmConfig;
@@ -166,11 +173,29 @@ void rustkvm_x86_pv_kick(RustkvmVcpu *vcpu);
 /** Whether `vcpu` was kicked since it last consumed a kick (consumes it). */
 bool rustkvm_x86_take_pv_unhalt(RustkvmVcpu *vcpu);
 
+/* arm64 machine services. */
+/**
+ * The machine gives `vcpu` its 64-byte PV stolen-time structure at `ipa`
+ * (like KVM_ARM_VCPU_PVTIME_IPA); false if misaligned or already set.
+ */
+bool rustkvm_arm_set_pvtime(RustkvmVcpu *vcpu, uint64_t ipa);
+/** Whether the guest uses PV stolen time (saved with the vCPU). */
+bool rustkvm_arm_pvtime_active(RustkvmVcpu *vcpu);
+/** Restore that after loading the vCPU (loadvm, incoming migration). */
+void rustkvm_arm_load_pvtime(RustkvmVcpu *vcpu, bool active);
+/**
+ * The VM-wide counter offset (counter-offset property), to be added to the
+ * generic timer's architectural offsets: every counter view of the guest is
+ * the raw counter minus it, modulo 2^64. Any thread.
+ */
+uint64_t rustkvm_arm_counter_offset(void);
+
 /* arm64 routing points (vCPU thread). */
 /**
  * HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =
- * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3. Any other
- * result lets QEMU's PSCI implementation answer.
+ * x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3 (SMCCC 1.1,
+ * PV time, KVM's vendor UID). Any other result lets QEMU's PSCI
+ * implementation answer.
  */
 uint32_t rustkvm_arm_hvc_smc(RustkvmVcpu *vcpu, bool is_smc, uint64_t regs[8]);
 /**

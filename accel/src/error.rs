@@ -25,6 +25,14 @@ pub enum AccelError {
         /// The machine's vCPU limit.
         max_cpus: u32,
     },
+    /// An `-accel rustkvm` option the guest architecture does not have.
+    #[error("option {option} is not available for {arch} guests")]
+    OptionNotForArch {
+        /// The property name.
+        option: &'static str,
+        /// The architecture's name.
+        arch: &'static str,
+    },
     /// Two live vCPUs with one index.
     #[error("vCPU {0} already exists")]
     VcpuExists(u32),

@@ -7,6 +7,7 @@
 //! signature matches the header's.
 
 use std::ffi::c_char;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -34,6 +35,10 @@ use header::{RustkvmConfig, RustkvmVcpu};
 /// The process's machine (QEMU runs one machine per process).
 static VM: Mutex<Option<Arc<Vm>>> = Mutex::new(None);
 
+/// The machine's arm64 counter offset, read on timer accesses without the
+/// machine lock.
+static COUNTER_OFFSET: AtomicU64 = AtomicU64::new(0);
+
 fn arch_from_c(arch: u32) -> Result<Arch, AccelError> {
     match arch {
         header::RUSTKVM_ARCH_X86_64 => Ok(Arch::X86_64),
@@ -46,6 +51,7 @@ fn error_code(err: AccelError) -> i32 {
     match err {
         AccelError::UnknownArch(_) => header::RUSTKVM_EINVAL_ARCH,
         AccelError::InvalidCpuCount(_) => header::RUSTKVM_EINVAL_CPUS,
+        AccelError::OptionNotForArch { .. } => header::RUSTKVM_EINVAL_OPTION,
         _ => header::RUSTKVM_EBUSY,
     }
 }
@@ -61,7 +67,8 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
         return header::RUSTKVM_EINVAL_CPUS;
     };
     let result = arch_from_c(config.arch)
-        .and_then(|arch| VmConfig::new(arch, config.max_cpus, config.stats));
+        .and_then(|arch| VmConfig::new(arch, config.max_cpus, config.stats))
+        .and_then(|c| c.with_counter_offset(config.counter_offset));
     let vm_config = match result {
         Ok(c) => VmConfig {
             mttcg: config.mttcg,
@@ -73,6 +80,7 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     if vm.is_some() {
         return error_code(AccelError::MachineExists);
     }
+    COUNTER_OFFSET.store(vm_config.counter_offset, Ordering::Relaxed);
     let memory = Box::new(HostMemory(config.ops));
     let machine = Arc::new(Vm::with_memory(vm_config, memory));
     if vm_config.mttcg && vm_config.arch == Arch::X86_64 {
@@ -134,6 +142,7 @@ pub unsafe extern "C" fn rustkvm_strerror(err: i32) -> *const c_char {
         header::RUSTKVM_EINVAL_ARCH => b"unsupported target architecture\0",
         header::RUSTKVM_EINVAL_CPUS => b"invalid number of vCPUs\0",
         header::RUSTKVM_EBUSY => b"a rustkvm machine already exists\0",
+        header::RUSTKVM_EINVAL_OPTION => b"option not available for this guest architecture\0",
         _ => b"unknown rustkvm error\0",
     };
     text.as_ptr().cast()
@@ -146,6 +155,7 @@ pub unsafe extern "C" fn rustkvm_strerror(err: i32) -> *const c_char {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rustkvm_machine_exit() {
     let vm = VM.lock().take();
+    COUNTER_OFFSET.store(0, Ordering::Relaxed);
     if let Some(vm) = vm {
         if vm.config().stats {
             eprint!("{}", vm.stats_report());
@@ -466,6 +476,47 @@ pub unsafe extern "C" fn rustkvm_arm_hvc_smc(
     })
 }
 
+/// The machine places a vCPU's PV stolen-time structure.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_set_pvtime(vcpu: *mut RustkvmVcpu, ipa: u64) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu) }.is_some_and(|v| v.set_pvtime_base(ipa).is_ok())
+}
+
+/// Whether the guest uses PV stolen time.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pvtime_active(vcpu: *mut RustkvmVcpu) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu) }.is_some_and(Vcpu::pvtime_active)
+}
+
+/// Restore the guest's use of PV stolen time after loading a vCPU.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_load_pvtime(vcpu: *mut RustkvmVcpu, active: bool) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.load_pvtime_active(active);
+    }
+}
+
+/// The VM-wide arm64 counter offset (0 without a machine).
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_counter_offset() -> u64 {
+    COUNTER_OFFSET.load(Ordering::Relaxed)
+}
+
 /// PMU system register read routing point.
 ///
 /// # Safety
@@ -526,9 +577,19 @@ mod tests {
                 max_cpus: 1,
                 stats: false,
                 mttcg: true,
+                counter_offset: 0,
                 ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&bad_arch), header::RUSTKVM_EINVAL_ARCH);
+            let x86_offset = RustkvmConfig {
+                arch: header::RUSTKVM_ARCH_X86_64,
+                counter_offset: 1,
+                ..bad_arch
+            };
+            assert_eq!(
+                rustkvm_machine_init(&x86_offset),
+                header::RUSTKVM_EINVAL_OPTION
+            );
             assert!(rustkvm_vcpu_create(0).is_null(), "no machine yet");
 
             let cfg = RustkvmConfig {
@@ -536,6 +597,7 @@ mod tests {
                 max_cpus: 2,
                 stats: false,
                 mttcg: true,
+                counter_offset: 0,
                 ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&cfg), header::RUSTKVM_OK);
@@ -645,6 +707,10 @@ mod tests {
             let again = rustkvm_vcpu_create(0);
             assert!(!again.is_null(), "a destroyed vCPU's index is free again");
             rustkvm_vcpu_destroy(again);
+            assert!(!rustkvm_arm_set_pvtime(std::ptr::null_mut(), 0x1000));
+            assert!(!rustkvm_arm_pvtime_active(std::ptr::null_mut()));
+            rustkvm_arm_load_pvtime(std::ptr::null_mut(), true);
+            assert_eq!(rustkvm_arm_counter_offset(), 0, "x86: none");
             rustkvm_machine_exit();
             assert!(rustkvm_vcpu_create(0).is_null(), "machine gone");
             assert_eq!(

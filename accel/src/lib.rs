@@ -11,10 +11,12 @@
 //! - [`ffi`]: `extern "C"` entry points; no panic crosses them.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod arm;
 pub mod error;
 pub mod ffi;
 pub mod host;
 pub mod memory;
+pub mod steal;
 pub mod vcpu;
 pub mod vm;
 pub mod x86;

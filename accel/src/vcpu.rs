@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::arm::pvtime::{PvTime, PvTimeError};
+use crate::arm::smccc;
 use crate::memory::NoMemory;
 use crate::vm::{Arch, Shared};
 use crate::x86::hypercall;
@@ -110,6 +112,8 @@ pub struct VcpuState {
     pub resets: u64,
     /// x86 steal time.
     pub steal: StealTime,
+    /// arm64 PV stolen time.
+    pub pvtime: PvTime,
 }
 
 /// One vCPU of a [`crate::Vm`].
@@ -177,6 +181,7 @@ impl Vcpu {
         let mut s = self.lock();
         s.resets += 1;
         s.steal = StealTime::default();
+        s.pvtime.reset();
         self.pv_unhalt.store(false, Ordering::Relaxed);
     }
 
@@ -202,10 +207,11 @@ impl Vcpu {
 
     /// Fold steal in at an entry into guest code (or a steal-time enable).
     fn enter_steal(&self, s: &mut VcpuState) {
-        if s.steal.enabled() {
+        if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-            s.steal
-                .enter(&*self.shared.host, self.shared.threading(), now, rd);
+            let (mem, threading) = (&*self.shared.host, self.shared.threading());
+            s.steal.enter(mem, threading, now, rd);
+            s.pvtime.enter(mem, threading, now, rd);
         }
     }
 
@@ -234,10 +240,11 @@ impl Vcpu {
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
         let mut s = self.lock();
-        if s.steal.enabled() {
+        if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-            s.steal
-                .exit(&*self.shared.host, self.shared.threading(), now, rd, halted);
+            let threading = self.shared.threading();
+            s.steal.exit(&*self.shared.host, threading, now, rd, halted);
+            s.pvtime.exit(threading, now, rd, halted);
         }
     }
 
@@ -309,10 +316,44 @@ impl Vcpu {
         self.pv_unhalt.swap(false, Ordering::AcqRel)
     }
 
-    /// HVC/SMC with x0..x7; a handled call returns x0..x3.
-    pub fn hvc_smc(&self, _is_smc: bool, _regs: [u64; 8]) -> Route<[u64; 4]> {
+    /// HVC/SMC with x0..x7 on the PSCI conduit (either instruction: KVM
+    /// answers SMCCC on whichever conduit the machine describes); a handled
+    /// call returns x0..x3, anything else is PSCI's.
+    pub fn hvc_smc(&self, _is_smc: bool, regs: [u64; 8]) -> Route<[u64; 4]> {
         bump(&self.routes.hvc_smc);
-        Route::Unhandled
+        if self.arch != Arch::Aarch64 {
+            return Route::Unhandled;
+        }
+        match smccc::Call::decode(&regs) {
+            Some(call) => {
+                let mut svc = SmcccServices {
+                    state: &mut self.lock(),
+                    vcpu: self,
+                };
+                Route::Handled(smccc::handle(call, &mut svc))
+            }
+            None => Route::Unhandled,
+        }
+    }
+
+    /// The machine gives this vCPU its PV stolen-time structure (QEMU's
+    /// virt board, like `KVM_ARM_VCPU_PVTIME_IPA`).
+    pub fn set_pvtime_base(&self, ipa: u64) -> Result<(), PvTimeError> {
+        self.lock().pvtime.set_base(ipa)
+    }
+
+    /// Whether the guest uses PV stolen time (saved with the vCPU).
+    pub fn pvtime_active(&self) -> bool {
+        self.lock().pvtime.active != 0
+    }
+
+    /// Restore the guest's use of PV stolen time (loadvm, incoming
+    /// migration): updates resume without a new PV_TIME_ST, as under KVM,
+    /// and accounting restarts from the next entry.
+    pub fn load_pvtime_active(&self, active: bool) {
+        let mut s = self.lock();
+        s.pvtime.reset();
+        s.pvtime.active = u8::from(active && s.pvtime.available());
     }
 
     /// MRS of a PMU system register (KVM `sys_reg()` encoding).
@@ -325,6 +366,24 @@ impl Vcpu {
     pub fn pmu_write(&self, _encoding: u32, _value: u64) -> Route<()> {
         bump(&self.routes.pmu_write);
         Route::Unhandled
+    }
+}
+
+/// The vCPU as the SMCCC handler sees it.
+struct SmcccServices<'a> {
+    state: &'a mut VcpuState,
+    vcpu: &'a Vcpu,
+}
+
+impl smccc::Services for SmcccServices<'_> {
+    fn pv_time_available(&self) -> bool {
+        self.state.pvtime.available()
+    }
+    fn pv_time_init(&mut self) -> Option<u64> {
+        let base = self.state.pvtime.init(&*self.vcpu.shared.host)?;
+        // The first entry after this synchronises the clock.
+        self.vcpu.enter_steal(self.state);
+        Some(base)
     }
 }
 
@@ -341,8 +400,9 @@ mod tests {
         assert_eq!(v.rdpmc(0x4000_0000), Route::Unhandled);
         let a = Vcpu::new(1, Arch::Aarch64);
         assert_eq!(
-            a.hvc_smc(false, [0x8000_0000, 0, 0, 0, 0, 0, 0, 0]),
-            Route::Unhandled
+            a.hvc_smc(false, [0x8400_0000, 0, 0, 0, 0, 0, 0, 0]),
+            Route::Unhandled,
+            "PSCI_VERSION is QEMU's"
         );
         assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
         assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
@@ -365,6 +425,30 @@ mod tests {
         assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
         let a = Vcpu::new(0, Arch::Aarch64);
         assert_eq!(a.rdmsr(MSR_KVM_STEAL_TIME), Route::Unhandled);
+    }
+
+    #[test]
+    fn smccc_is_answered_on_arm64_and_pv_time_needs_the_machines_structure() {
+        let a = Vcpu::new(0, Arch::Aarch64);
+        let version = [0x8000_0000, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            a.hvc_smc(false, version),
+            Route::Handled([0x1_0001, 0, 0, 0])
+        );
+        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(a.hvc_smc(false, st), Route::Handled([u64::MAX, 0, 0, 0]));
+        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
+        assert!(a.set_pvtime_base(0x90a_0080).is_err(), "set once");
+        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
+        assert!(a.pvtime_active());
+        a.reset();
+        assert!(!a.pvtime_active(), "reset forgets the guest's use");
+        a.load_pvtime_active(true);
+        assert!(a.pvtime_active(), "loadvm restores it");
+        let x = Vcpu::new(0, Arch::X86_64);
+        assert_eq!(x.hvc_smc(false, version), Route::Unhandled);
+        x.load_pvtime_active(true);
+        assert!(!x.pvtime_active(), "no structure, no PV time");
     }
 
     #[test]

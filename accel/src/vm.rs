@@ -8,8 +8,8 @@ use parking_lot::Mutex;
 
 use crate::error::AccelError;
 use crate::memory::{Host, NoMemory};
+use crate::steal::Threading;
 use crate::vcpu::Vcpu;
-use crate::x86::steal::Threading;
 
 /// How often the steal-time sampler looks while no vCPU has steal time on.
 const IDLE_SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
@@ -47,6 +47,8 @@ pub struct VmConfig {
     pub stats: bool,
     /// One host thread per vCPU.
     pub mttcg: bool,
+    /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset.
+    pub counter_offset: u64,
 }
 
 impl VmConfig {
@@ -60,6 +62,21 @@ impl VmConfig {
             max_cpus,
             stats,
             mttcg: true,
+            counter_offset: 0,
+        })
+    }
+
+    /// Set the arm64 counter offset; other architectures have none.
+    pub fn with_counter_offset(self, offset: u64) -> Result<Self, AccelError> {
+        if offset != 0 && self.arch != Arch::Aarch64 {
+            return Err(AccelError::OptionNotForArch {
+                option: "counter-offset",
+                arch: self.arch.name(),
+            });
+        }
+        Ok(VmConfig {
+            counter_offset: offset,
+            ..self
         })
     }
 }
@@ -252,6 +269,21 @@ mod tests {
             Err(AccelError::InvalidCpuCount(MAX_VCPUS + 1))
         );
         assert!(VmConfig::new(Arch::Aarch64, MAX_VCPUS, false).is_ok());
+    }
+
+    #[test]
+    fn counter_offset_is_arm64s() {
+        let arm = VmConfig::new(Arch::Aarch64, 1, false).unwrap();
+        assert_eq!(arm.with_counter_offset(5).unwrap().counter_offset, 5);
+        let x86 = VmConfig::new(Arch::X86_64, 1, false).unwrap();
+        assert_eq!(x86.with_counter_offset(0), Ok(x86));
+        assert!(matches!(
+            x86.with_counter_offset(5),
+            Err(AccelError::OptionNotForArch {
+                option: "counter-offset",
+                ..
+            })
+        ));
     }
 
     #[test]

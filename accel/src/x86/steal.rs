@@ -18,6 +18,8 @@
 //!   nothing.
 
 use crate::memory::GuestMemory;
+use crate::steal::StealClock;
+pub use crate::steal::Threading;
 use crate::x86::X86Error;
 
 /// MSR_KVM_STEAL_TIME.
@@ -53,26 +55,10 @@ pub mod layout {
 pub struct StealTime {
     /// The MSR as the guest wrote it.
     pub msr: u64,
-    /// Steal accumulated but not yet added to the guest's structure.
-    pub pending_ns: u64,
-    /// Thread run delay when last folded in (MTTCG) or at entry (RR).
-    pub last_run_delay_ns: u64,
-    /// When the vCPU left the CPU loop while still runnable (RR), 0 if not.
-    pub runnable_since_ns: u64,
+    /// What was stolen and not yet written.
+    pub clock: StealClock,
     /// Whether the host set `preempted` and has not cleared it yet.
     pub preempted: u8,
-}
-
-/// How the vCPUs share host threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Threading {
-    /// One host thread per vCPU.
-    Mttcg,
-    /// One host thread for all vCPUs, taking turns; `peers` = other vCPUs.
-    RoundRobin {
-        /// Whether other vCPUs share the thread.
-        peers: bool,
-    },
 }
 
 impl StealTime {
@@ -97,7 +83,7 @@ impl StealTime {
         self.msr = value;
         if self.enabled() && !was {
             // KVM starts counting from the run delay at the next update.
-            self.pending_ns = 0;
+            self.clock.restart();
             self.preempted = 0;
         }
         Ok(())
@@ -116,20 +102,7 @@ impl StealTime {
         if !self.enabled() {
             return;
         }
-        match threading {
-            Threading::Mttcg => {
-                if self.last_run_delay_ns != 0 {
-                    self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
-                }
-            }
-            Threading::RoundRobin { .. } => {
-                if self.runnable_since_ns != 0 {
-                    self.pending_ns += now_ns.saturating_sub(self.runnable_since_ns);
-                }
-            }
-        }
-        self.last_run_delay_ns = run_delay_ns;
-        self.runnable_since_ns = 0;
+        self.clock.enter(threading, now_ns, run_delay_ns);
         self.record(mem, true);
     }
 
@@ -142,17 +115,8 @@ impl StealTime {
         run_delay_ns: u64,
         halted: bool,
     ) {
-        if !self.enabled() {
-            return;
-        }
-        if let Threading::RoundRobin { peers } = threading {
-            // The shared thread's own host preemption during this turn.
-            self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
-            self.last_run_delay_ns = run_delay_ns;
-            if !halted && peers {
-                self.runnable_since_ns = now_ns.max(1);
-                self.set_preempted(mem);
-            }
+        if self.enabled() && self.clock.exit(threading, now_ns, run_delay_ns, halted) {
+            self.set_preempted(mem);
         }
     }
 
@@ -170,12 +134,10 @@ impl StealTime {
         waited_ns: u64,
         interval_ns: u64,
     ) {
-        if !self.enabled() || self.last_run_delay_ns == 0 {
+        if !self.enabled() || self.clock.last_run_delay_ns == 0 {
             return;
         }
-        if run_delay_ns > self.last_run_delay_ns {
-            self.pending_ns += run_delay_ns - self.last_run_delay_ns;
-            self.last_run_delay_ns = run_delay_ns;
+        if self.clock.sample(run_delay_ns) {
             // The vCPU is not entering: `preempted` is the sampler's to decide.
             self.record(mem, false);
         }
@@ -219,13 +181,12 @@ impl StealTime {
             &version.wrapping_add(1).to_le_bytes(),
         );
         let steal = u64::from_le_bytes(st[0..8].try_into().unwrap_or_default())
-            .wrapping_add(self.pending_ns);
+            .wrapping_add(self.clock.take());
         let _ = mem.write(gpa + layout::STEAL, &steal.to_le_bytes());
         let _ = mem.write(
             gpa + layout::VERSION,
             &version.wrapping_add(2).to_le_bytes(),
         );
-        self.pending_ns = 0;
     }
 }
 

@@ -1,0 +1,154 @@
+//! Steal-time accounting shared by x86 (MSR_KVM_STEAL_TIME) and arm64
+//! (SMCCC PV time): how long a vCPU was runnable but not running.
+//!
+//! Spec: KVM adds the growth of the vCPU thread's
+//! `current->sched_info.run_delay` at each entry (`arch/x86/kvm/x86.c`
+//! `record_steal_time`, `arch/arm64/kvm/pvtime.c` `kvm_update_stolen_time`).
+//! Under TCG (see docs/steal-time.md):
+//! - MTTCG (one host thread per vCPU): the same, from
+//!   `/proc/thread-self/schedstat` field 2.
+//! - Round-robin TCG (one thread for all vCPUs): in addition, the wall time
+//!   a vCPU waited while runnable (it left its turn without halting) until
+//!   its next turn.
+
+/// How the vCPUs share host threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threading {
+    /// One host thread per vCPU.
+    Mttcg,
+    /// One host thread for all vCPUs, taking turns.
+    RoundRobin {
+        /// Whether other vCPUs share the thread.
+        peers: bool,
+    },
+}
+
+/// The accounting of one vCPU (plain data, part of the vCPU's state). It
+/// collects steal in `pending_ns`; the architecture's structure takes it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StealClock {
+    /// Steal accumulated but not yet added to the guest's structure.
+    pub pending_ns: u64,
+    /// Thread run delay when last folded in (MTTCG) or at entry (RR); 0
+    /// before the first entry after (re)start, which only synchronises.
+    pub last_run_delay_ns: u64,
+    /// When the vCPU left its turn while still runnable (RR), 0 if not.
+    pub runnable_since_ns: u64,
+}
+
+impl StealClock {
+    /// Start counting afresh (the guest enabled the feature): nothing
+    /// before this moment is steal.
+    pub fn restart(&mut self) {
+        *self = StealClock::default();
+    }
+
+    /// The vCPU enters guest execution at host time `now_ns`, its thread's
+    /// run delay being `run_delay_ns`: collect what was stolen since.
+    pub fn enter(&mut self, threading: Threading, now_ns: u64, run_delay_ns: u64) {
+        match threading {
+            Threading::Mttcg => {
+                if self.last_run_delay_ns != 0 {
+                    self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+                }
+            }
+            Threading::RoundRobin { .. } => {
+                if self.runnable_since_ns != 0 {
+                    self.pending_ns += now_ns.saturating_sub(self.runnable_since_ns);
+                }
+            }
+        }
+        self.last_run_delay_ns = run_delay_ns;
+        self.runnable_since_ns = 0;
+    }
+
+    /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
+    /// Returns whether it was descheduled while runnable (round-robin with
+    /// peers): the moment KVM marks a vCPU preempted.
+    pub fn exit(
+        &mut self,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+        halted: bool,
+    ) -> bool {
+        let Threading::RoundRobin { peers } = threading else {
+            return false;
+        };
+        // The shared thread's own host preemption during this turn.
+        self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+        self.last_run_delay_ns = run_delay_ns;
+        if !halted && peers {
+            self.runnable_since_ns = now_ns.max(1);
+            return true;
+        }
+        false
+    }
+
+    /// MTTCG sampler, outside the vCPU thread: the thread's run delay is now
+    /// `run_delay_ns`. Collects its growth; true if there was any. Nothing
+    /// before the first entry counts.
+    pub fn sample(&mut self, run_delay_ns: u64) -> bool {
+        if self.last_run_delay_ns == 0 || run_delay_ns <= self.last_run_delay_ns {
+            return false;
+        }
+        self.pending_ns += run_delay_ns - self.last_run_delay_ns;
+        self.last_run_delay_ns = run_delay_ns;
+        true
+    }
+
+    /// Take the collected steal.
+    pub fn take(&mut self) -> u64 {
+        std::mem::take(&mut self.pending_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mttcg_counts_run_delay_growth_after_the_first_entry() {
+        let mut c = StealClock::default();
+        c.enter(Threading::Mttcg, 10, 1_000);
+        assert_eq!(c.take(), 0, "first entry only synchronises");
+        c.enter(Threading::Mttcg, 20, 1_500);
+        assert_eq!(c.take(), 500);
+        assert!(
+            !c.exit(Threading::Mttcg, 30, 1_600, false),
+            "never 'preempted' at exit"
+        );
+        assert!(c.sample(1_800));
+        assert!(!c.sample(1_800));
+        c.enter(Threading::Mttcg, 40, 1_800);
+        assert_eq!(c.take(), 300, "sampled steal is not counted twice");
+    }
+
+    #[test]
+    fn round_robin_counts_runnable_waits_and_the_threads_own_delay() {
+        let rr = Threading::RoundRobin { peers: true };
+        let mut c = StealClock::default();
+        c.enter(rr, 1_000, 0);
+        assert!(c.exit(rr, 2_000, 0, false), "descheduled while runnable");
+        c.enter(rr, 5_000, 0);
+        assert_eq!(c.take(), 3_000);
+        assert!(!c.exit(rr, 6_000, 0, true), "a halt is voluntary");
+        c.enter(rr, 9_000, 0);
+        assert_eq!(c.take(), 0, "no steal while halted");
+        c.exit(rr, 9_500, 250, true);
+        c.enter(rr, 9_600, 250);
+        assert_eq!(c.take(), 250);
+        assert!(!c.exit(Threading::RoundRobin { peers: false }, 10_000, 250, false));
+    }
+
+    #[test]
+    fn restart_forgets_everything() {
+        let mut c = StealClock::default();
+        c.enter(Threading::Mttcg, 1, 5);
+        c.enter(Threading::Mttcg, 1, 50);
+        c.restart();
+        c.enter(Threading::Mttcg, 1, 500);
+        assert_eq!(c.take(), 0);
+    }
+}
