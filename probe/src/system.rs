@@ -21,6 +21,7 @@ pub const DMESG_PATTERNS: &[&str] = &[
     "steal",
     "tsc:",
     "psci",
+    "smccc",
 ];
 /// At most this many dmesg lines are reported.
 const DMESG_MAX_LINES: usize = 80;

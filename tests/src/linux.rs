@@ -427,7 +427,9 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
         (
             "hypervisor detected",
             dmesg_with(r, "Hypervisor detected")
-                .map_or("no".into(), |l| l.replace("Hypervisor detected: ", "")),
+                .map(|l| l.replace("Hypervisor detected: ", ""))
+                .or_else(|| dmesg_with(r, "smccc: KVM:").map(|_| "KVM (SMCCC vendor UID)".into()))
+                .unwrap_or_else(|| "no".into()),
         ),
         (
             "pmu driver",

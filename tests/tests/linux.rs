@@ -79,7 +79,11 @@ fn facts(r: &Value) -> Vec<(&'static str, String)> {
         ("arm-pv", dmesg_has(r, "arm-pv").to_string()),
         (
             "hypervisor",
-            dmesg_has(r, "Hypervisor detected").to_string(),
+            (dmesg_has(r, "Hypervisor detected") || dmesg_has(r, "smccc: KVM:")).to_string(),
+        ),
+        (
+            "smccc",
+            dmesg_has(r, "SMC Calling Convention v1.1").to_string(),
         ),
     ]
 }
@@ -96,7 +100,6 @@ fn common_truths(r: &Value, label: &str) {
         Some(&Value::from(0)),
         "{label}"
     );
-    assert!(!dmesg_has(r, "arm-pv"), "{label}");
 }
 
 #[test]
@@ -160,11 +163,7 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_but_no_pmu_no_kvmclock() {
     assert!(dmesg_has(k, "stealtime: cpu"), "{}", k["dmesg"]);
     assert!(!dmesg_has(t, "stealtime"), "{}", t["dmesg"]);
     assert_eq!(t.pointer("/steal/total_delta_ms"), Some(&Value::from(0)));
-    let without_pv = |r| {
-        let mut f = facts(r);
-        f.retain(|(k, _)| *k != "hypervisor");
-        f
-    };
+    assert!(!dmesg_has(k, "arm-pv") && !dmesg_has(t, "arm-pv"));
     assert_eq!(
         without_pv(k),
         without_pv(t),
@@ -172,27 +171,45 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_but_no_pmu_no_kvmclock() {
     );
 }
 
-#[test]
-fn x86_64_linux_steal_grows_when_two_vcpus_share_one_host_thread() {
+/// The facts, without those of the PV interface.
+fn without_pv(r: &Value) -> Vec<(&'static str, String)> {
+    let mut f = facts(r);
+    f.retain(|(k, _)| !matches!(*k, "hypervisor" | "arm-pv" | "smccc"));
+    f
+}
+
+/// Two busy vCPUs taking turns on one thread: each is runnable-but-not-
+/// running about half of the 1 s busy loop; plain TCG has no steal source;
+/// a lone vCPU on its thread waits for nobody.
+fn steal_grows_when_two_vcpus_share_one_host_thread(arch: Arch) {
     let _serial = serial();
-    // Two busy vCPUs taking turns on one thread: each is runnable-but-not-
-    // running about half of the 1 s busy loop.
-    let shared = boot_with(Arch::X86_64, Backend::Rustkvm, 2, true);
+    let shared = boot_with(arch, Backend::Rustkvm, 2, true);
     let per_cpu = steal_ms(report(&shared));
     assert_eq!(per_cpu.len(), 2, "{}", report(&shared)["steal"]);
     for ms in &per_cpu {
         assert!(
             (250..=1100).contains(ms),
-            "steal per vCPU {per_cpu:?} ms, expected about 500"
+            "{arch:?}: steal per vCPU {per_cpu:?} ms, expected about 500"
         );
     }
-    // The same overcommit under plain TCG: no steal-time source at all.
-    let tcg = boot_with(Arch::X86_64, Backend::Tcg, 2, true);
-    assert_eq!(steal_ms(report(&tcg)), vec![0, 0]);
-    // A lone vCPU on its thread waits for nobody.
-    let lone = boot_with(Arch::X86_64, Backend::Rustkvm, 1, true);
+    let tcg = boot_with(arch, Backend::Tcg, 2, true);
+    assert_eq!(steal_ms(report(&tcg)), vec![0, 0], "{arch:?}");
+    let lone = boot_with(arch, Backend::Rustkvm, 1, true);
     let ms = steal_ms(report(&lone));
-    assert!(ms.len() == 1 && ms[0] < 150, "lone vCPU steal {ms:?} ms");
+    assert!(
+        ms.len() == 1 && ms[0] < 150,
+        "{arch:?}: lone vCPU steal {ms:?} ms"
+    );
+}
+
+#[test]
+fn x86_64_linux_steal_grows_when_two_vcpus_share_one_host_thread() {
+    steal_grows_when_two_vcpus_share_one_host_thread(Arch::X86_64);
+}
+
+#[test]
+fn aarch64_linux_pv_stolen_time_grows_when_two_vcpus_share_one_host_thread() {
+    steal_grows_when_two_vcpus_share_one_host_thread(Arch::Aarch64);
 }
 
 #[test]
@@ -207,7 +224,7 @@ fn x86_64_linux_under_this_hosts_kvm_is_ok_or_skipped_never_an_error() {
 }
 
 #[test]
-fn aarch64_linux_today_cycles_only_smccc_1_0_no_pv_time() {
+fn aarch64_linux_smccc_1_1_and_pv_time_under_rustkvm_pmu_cycles_only() {
     let _serial = serial();
     let tcg = boot(Arch::Aarch64, Backend::Tcg);
     let rk = boot(Arch::Aarch64, Backend::Rustkvm);
@@ -242,20 +259,42 @@ fn aarch64_linux_today_cycles_only_smccc_1_0_no_pv_time() {
             "{label}: {}",
             r["perf"]["branches"]
         );
-        assert!(
-            dmesg_has(r, "SMC Calling Convention v1.0"),
-            "{label}: {}",
-            r["dmesg"]
-        );
         assert_eq!(
             r.pointer("/clocksource/current").and_then(Value::as_str),
             Some("arch_sys_counter"),
             "{label}"
         );
     }
+    // TCG: SMCCC 1.0, so no PV time; rustkvm: KVM's SMCCC 1.1 services.
+    let (t, k) = (report(&tcg), report(&rk));
+    assert!(
+        dmesg_has(t, "SMC Calling Convention v1.0"),
+        "{}",
+        t["dmesg"]
+    );
+    assert!(
+        !dmesg_has(t, "arm-pv") && !dmesg_has(t, "smccc: KVM"),
+        "{}",
+        t["dmesg"]
+    );
+    assert!(
+        dmesg_has(k, "SMC Calling Convention v1.1"),
+        "{}",
+        k["dmesg"]
+    );
+    assert!(
+        dmesg_has(k, "arm-pv: using stolen time PV"),
+        "{}",
+        k["dmesg"]
+    );
+    assert!(
+        dmesg_has(k, "smccc: KVM: hypervisor services detected"),
+        "{}",
+        k["dmesg"]
+    );
     assert_eq!(
-        facts(report(&rk)),
-        facts(report(&tcg)),
-        "rustkvm must look like tcg until a feature lands"
+        without_pv(k),
+        without_pv(t),
+        "apart from the PV interface rustkvm looks like tcg"
     );
 }
