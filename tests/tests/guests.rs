@@ -209,6 +209,81 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
     );
 }
 
+/// Run `name` on aarch64 under rustkvm with extra options; it must pass.
+fn arm_run(name: &str, variant: Variant, opts: run::RunOptions) -> run::RunResult {
+    let r = run::run_with(
+        &find_test(name),
+        Arch::Aarch64,
+        variant,
+        Backend::Rustkvm,
+        &opts,
+    )
+    .expect("ran");
+    assert_pass(&r, format_args!("{name} {variant} {opts:?}"));
+    r
+}
+
+#[test]
+fn arm64_pv_stolen_time_grows_only_when_vcpus_share_a_thread() {
+    let _serial = serial();
+    let permille =
+        |r: &run::RunResult| -> u64 { measure(r, "cpu0.stolen-permille").parse().expect("number") };
+    // Two busy vCPUs taking turns on one thread: vCPU 0 waits about half.
+    let r = arm_run("arm-pv-time", Variant::RrSmp2, Default::default());
+    assert_eq!(measure(&r, "alone"), "0");
+    assert!((250..=800).contains(&permille(&r)), "{}", permille(&r));
+    // Alone on its thread: nobody takes its turn.
+    let alone = run::RunOptions {
+        qemu_args: vec!["-smp".into(), "1".into()],
+        accel_opts: vec!["thread=single".into()],
+        ..Default::default()
+    };
+    let r = arm_run("arm-pv-time", Variant::Default, alone);
+    assert_eq!(measure(&r, "alone"), "1");
+    assert!(permille(&r) < 150, "{}", permille(&r));
+    // kvm-steal-time=off: no structure, PV_TIME_ST is NOT_SUPPORTED.
+    let off = run::RunOptions {
+        qemu_args: vec!["-cpu".into(), "max,kvm-steal-time=off".into()],
+        ..Default::default()
+    };
+    let r = arm_run("arm-pv-time", Variant::Default, off);
+    assert_eq!(measure(&r, "pv-time"), "off");
+}
+
+#[test]
+fn arm64_counter_offset_shifts_both_counters_and_timers_still_fire() {
+    let _serial = serial();
+    let start = |r: &run::RunResult| {
+        u64::from_str_radix(measure(r, "cntvct.start").trim_start_matches("0x"), 16).expect("hex")
+    };
+    let r = arm_run("arm-timer", Variant::Default, Default::default());
+    let frq: u64 = measure(&r, "cntfrq").parse().expect("number");
+    // KVM's virtual counter starts near 0 when the VM is created.
+    assert!(start(&r) < 10 * frq, "{:#x}", start(&r));
+    // 2^63: the views start near 2^63. 10^12: larger than the counter, the
+    // views wrap to near 2^64 (KVM's modulo-2^64 answer). Both timers must
+    // still fire on their PPIs, after their deadlines (the guest checks).
+    for offset in [1u64 << 63, 1_000_000_000_000] {
+        let opts = run::RunOptions {
+            accel_opts: vec![format!("counter-offset={offset}")],
+            ..Default::default()
+        };
+        let r = arm_run("arm-timer", Variant::Default, opts);
+        let since_creation = start(&r).wrapping_add(offset);
+        assert!(
+            since_creation < 10 * frq,
+            "offset {offset:#x}: counter {:#x}",
+            start(&r)
+        );
+    }
+    // x86 has no such property.
+    let (ok, text) = qemu_cmd(
+        Arch::X86_64,
+        &["-accel", "rustkvm,counter-offset=1", "-M", "none"],
+    );
+    assert!(!ok && text.contains("counter-offset"), "{text}");
+}
+
 #[test]
 fn x86_kvm_signature_and_feature_switches() {
     let _serial = serial();
@@ -444,6 +519,11 @@ fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
         ] {
             assert!(text.contains(prop), "{arch}: {prop} missing from\n{text}");
         }
+        assert_eq!(
+            text.contains("counter-offset=<uint64>"),
+            arch == Arch::Aarch64,
+            "{arch}: counter-offset is arm64's\n{text}"
+        );
 
         let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,foo=bar", "-M", "none"]);
         assert!(!ok, "{arch}: unknown property accepted");

@@ -1,0 +1,295 @@
+//! rustkvm-test: arch=aarch64 smp=2 vary=cntvct.start,vtimer.late-ticks,ptimer.late-ticks,cross-vcpu.rounds
+//!
+//! The generic timer as a KVM guest sees it: the virtual and physical
+//! counters agree (no CNTVOFF at EL1) and never go backwards from one vCPU to
+//! the other; the virtual timer interrupts on PPI 27 and the physical timer
+//! on PPI 30 (the virt board's wiring, as KVM's defaults), each after its
+//! deadline and never before. Interrupts stay masked at the CPU (PSTATE.I):
+//! the test acknowledges them at the GICv2 CPU interface. The host test
+//! boots it again with `-accel rustkvm,counter-offset=N` and reads
+//! `cntvct.start` (the counter at entry: near 0 without an offset).
+//! Spec: Arm ARM D12 (generic timer); Linux arch/arm64/kvm/arch_timer.c,
+//! Documentation/virt/kvm/api.rst (KVM_ARM_SET_COUNTER_OFFSET).
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "aarch64"))]
+fn main(t: &mut Test) {
+    t.skip("arm-timer", "aarch64 only");
+}
+
+#[cfg(target_arch = "aarch64")]
+mod gic {
+    //! The virt board's GICv2 (distributor 0x0800_0000, CPU interface
+    //! 0x0801_0000), Arm IHI 0048B.
+    const GICD: usize = 0x0800_0000;
+    const GICC: usize = 0x0801_0000;
+    /// GICD_CTLR: bit 0 enables forwarding.
+    const GICD_CTLR: usize = 0x000;
+    /// GICD_ISENABLER0: set-enable bits of interrupts 0..31 (banked per CPU).
+    const GICD_ISENABLER0: usize = 0x100;
+    /// GICD_ICENABLER0: clear-enable bits of interrupts 0..31.
+    const GICD_ICENABLER0: usize = 0x180;
+    /// GICC_CTLR: bit 0 enables signalling.
+    const GICC_CTLR: usize = 0x000;
+    /// GICC_PMR: priority mask.
+    const GICC_PMR: usize = 0x004;
+    /// GICC_IAR: acknowledge; 1023 = spurious (nothing pending).
+    const GICC_IAR: usize = 0x00c;
+    /// GICC_EOIR: end of interrupt.
+    const GICC_EOIR: usize = 0x010;
+    /// The interrupt ID GICC_IAR reads when nothing is pending.
+    pub const SPURIOUS: u32 = 1023;
+
+    fn w(addr: usize, v: u32) {
+        // SAFETY: GIC MMIO on the virt board, identity-mapped (MMU off).
+        unsafe { (addr as *mut u32).write_volatile(v) }
+    }
+    fn r(addr: usize) -> u32 {
+        // SAFETY: as above.
+        unsafe { (addr as *const u32).read_volatile() }
+    }
+
+    /// Enable the distributor, this CPU's interface and PPI `id`.
+    pub fn enable(id: u32) {
+        w(GICD + GICD_CTLR, 1);
+        w(GICC + GICC_PMR, 0xff);
+        w(GICC + GICC_CTLR, 1);
+        w(GICD + GICD_ISENABLER0, 1 << id);
+    }
+
+    /// Disable PPI `id`.
+    pub fn disable(id: u32) {
+        w(GICD + GICD_ICENABLER0, 1 << id);
+    }
+
+    /// Acknowledge the highest-priority pending interrupt (ID or SPURIOUS).
+    pub fn ack() -> u32 {
+        r(GICC + GICC_IAR) & 0x3ff
+    }
+
+    /// End interrupt `id`.
+    pub fn eoi(id: u32) {
+        w(GICC + GICC_EOIR, id);
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod timer {
+    use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use guest::{read_sysreg, write_sysreg};
+
+    /// The virtual timer's PPI on the virt board (KVM's default too).
+    pub const VTIMER_PPI: u32 = 27;
+    /// The EL1 physical timer's PPI.
+    pub const PTIMER_PPI: u32 = 30;
+    /// CNT*_CTL_EL0.ENABLE.
+    const CTL_ENABLE: u64 = 1;
+    /// CNT*_CTL_EL0.ISTATUS.
+    pub const CTL_ISTATUS: u64 = 1 << 2;
+
+    /// Ping-pong between the vCPUs: the counter value last published.
+    pub static PUBLISHED: AtomicU64 = AtomicU64::new(0);
+    /// Set by vCPU 1 when it saw a published value larger than its own read.
+    pub static BACKWARDS: AtomicBool = AtomicBool::new(false);
+    /// Rounds vCPU 1 completed.
+    pub static ROUNDS: AtomicU64 = AtomicU64::new(0);
+
+    /// CNTPCT_EL0.
+    pub fn cntpct() -> u64 {
+        let v: u64;
+        // SAFETY: reading the physical counter at EL1 has no side effects.
+        unsafe { core::arch::asm!("isb; mrs {}, cntpct_el0", out(reg) v, options(nomem, nostack)) };
+        v
+    }
+
+    /// Which timer.
+    #[derive(Clone, Copy)]
+    pub enum Which {
+        /// CNTV_*.
+        Virtual,
+        /// CNTP_*.
+        Physical,
+    }
+
+    impl Which {
+        /// Its counter.
+        pub fn now(self) -> u64 {
+            match self {
+                Which::Virtual => guest::arch::cntvct(),
+                Which::Physical => cntpct(),
+            }
+        }
+        /// Arm it at `cval` (enabled, unmasked) or disarm it.
+        pub fn arm(self, cval: Option<u64>) {
+            match (self, cval) {
+                (Which::Virtual, Some(c)) => {
+                    write_sysreg!("cntv_cval_el0", c);
+                    write_sysreg!("cntv_ctl_el0", CTL_ENABLE);
+                }
+                (Which::Physical, Some(c)) => {
+                    write_sysreg!("cntp_cval_el0", c);
+                    write_sysreg!("cntp_ctl_el0", CTL_ENABLE);
+                }
+                (Which::Virtual, None) => write_sysreg!("cntv_ctl_el0", 0),
+                (Which::Physical, None) => write_sysreg!("cntp_ctl_el0", 0),
+            }
+        }
+        /// CNT*_CTL_EL0.
+        pub fn ctl(self) -> u64 {
+            match self {
+                Which::Virtual => read_sysreg!("cntv_ctl_el0"),
+                Which::Physical => read_sysreg!("cntp_ctl_el0"),
+            }
+        }
+    }
+
+    /// vCPU 1: read the counter after each value vCPU 0 publishes; a read
+    /// below the published value means time went backwards across vCPUs.
+    pub fn secondary() {
+        let mut seen = 0;
+        while ROUNDS.load(Ordering::Acquire) < 1000 {
+            let p = PUBLISHED.load(Ordering::Acquire);
+            if p == seen {
+                core::hint::spin_loop();
+                continue;
+            }
+            let mine = guest::arch::cntvct();
+            if mine.wrapping_sub(p) > u64::MAX / 2 {
+                BACKWARDS.store(true, Ordering::Release);
+            }
+            seen = p;
+            ROUNDS.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn main(t: &mut Test) {
+    use core::sync::atomic::Ordering;
+    use guest::arch;
+    use timer::*;
+
+    let start = arch::cntvct();
+    let frq = arch::cntfrq();
+    t.measure("cntvct.start", format_args!("{start:#x}"));
+    t.measure("cntfrq", format_args!("{frq}"));
+    let (v, p) = (arch::cntvct(), cntpct());
+    t.check(
+        "physical-and-virtual-counters-agree",
+        p.wrapping_sub(v) < frq / 10,
+        format_args!("cntvct {v:#x} cntpct {p:#x}"),
+    );
+
+    // Counter monotonic across vCPUs.
+    if arch::cpu_on(1, secondary) == 0 {
+        // Up to 1000 rounds or 300 ms of counter time (round-robin TCG
+        // switches vCPUs only every few tens of ms).
+        let mut round = 0;
+        let t0 = arch::cntvct();
+        while arch::cntvct().wrapping_sub(t0) < frq * 3 / 10 {
+            let done = ROUNDS.load(Ordering::Acquire);
+            if done >= 1000 {
+                break;
+            }
+            if done == round {
+                PUBLISHED.store(arch::cntvct(), Ordering::Release);
+                round += 1;
+            }
+            core::hint::spin_loop();
+        }
+        let rounds = ROUNDS.load(Ordering::Acquire);
+        ROUNDS.store(1000, Ordering::Release);
+        t.check(
+            "cross-vcpu-rounds",
+            rounds >= 1,
+            format_args!("{rounds} rounds"),
+        );
+        t.measure("cross-vcpu.rounds", format_args!("{rounds}"));
+        t.eq(
+            "counter-never-backwards-across-vcpus",
+            BACKWARDS.load(Ordering::Acquire),
+            false,
+        );
+    }
+
+    // Each timer: armed 5 ms ahead, nothing pending before the deadline,
+    // its PPI pending after it, ISTATUS set.
+    for (which, ppi, name) in [
+        (Which::Virtual, VTIMER_PPI, "vtimer"),
+        (Which::Physical, PTIMER_PPI, "ptimer"),
+    ] {
+        gic::enable(ppi);
+        let cval = which.now().wrapping_add(frq / 200);
+        which.arm(Some(cval));
+        let early = gic::ack();
+        let early_now = which.now();
+        if early != gic::SPURIOUS {
+            gic::eoi(early);
+        }
+        t.check(
+            &concat_name(name, "-nothing-before-deadline"),
+            early == gic::SPURIOUS || early_now.wrapping_sub(cval) < u64::MAX / 2,
+            format_args!("IAR {early} at {early_now:#x}, deadline {cval:#x}"),
+        );
+        let mut got = gic::SPURIOUS;
+        let mut at = 0;
+        for _ in 0..50_000_000u64 {
+            got = gic::ack();
+            if got != gic::SPURIOUS {
+                at = which.now();
+                break;
+            }
+        }
+        if got != gic::SPURIOUS {
+            gic::eoi(got);
+        }
+        t.eq(&concat_name(name, "-fires-on-its-ppi"), got, ppi);
+        let late = at.wrapping_sub(cval);
+        t.check(
+            &concat_name(name, "-not-before-deadline"),
+            late < u64::MAX / 2,
+            format_args!("acknowledged at {at:#x}, deadline {cval:#x}"),
+        );
+        t.check(
+            &concat_name(name, "-istatus"),
+            which.ctl() & CTL_ISTATUS != 0,
+            format_args!("ctl {:#x}", which.ctl()),
+        );
+        t.measure(
+            &concat_name(name, ".late-ticks"),
+            format_args!("{late}"),
+        );
+        which.arm(None);
+        gic::disable(ppi);
+    }
+}
+
+/// `a` followed by `b` in a small stack buffer (no allocator here).
+#[cfg(target_arch = "aarch64")]
+fn concat_name(a: &str, b: &str) -> Name {
+    let mut n = Name([0; 48], 0);
+    for &c in a.as_bytes().iter().chain(b.as_bytes()) {
+        if n.1 < n.0.len() {
+            n.0[n.1] = c;
+            n.1 += 1;
+        }
+    }
+    n
+}
+
+/// A short name built at run time.
+#[cfg(target_arch = "aarch64")]
+struct Name([u8; 48], usize);
+
+#[cfg(target_arch = "aarch64")]
+impl core::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        core::str::from_utf8(&self.0[..self.1]).unwrap_or("?")
+    }
+}
