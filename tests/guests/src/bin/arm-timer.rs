@@ -260,10 +260,7 @@ fn main(t: &mut Test) {
             which.ctl() & CTL_ISTATUS != 0,
             format_args!("ctl {:#x}", which.ctl()),
         );
-        t.measure(
-            &concat_name(name, ".late-ticks"),
-            format_args!("{late}"),
-        );
+        t.measure(&concat_name(name, ".late-ticks"), format_args!("{late}"));
         which.arm(None);
         gic::disable(ppi);
     }
