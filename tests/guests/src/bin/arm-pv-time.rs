@@ -131,7 +131,7 @@ fn main(t: &mut Test) {
     let base = call(PV_TIME_ST, 0);
     t.check(
         "st-base-64-byte-aligned",
-        base != NOT_SUPPORTED && base % 64 == 0,
+        base != NOT_SUPPORTED && base.is_multiple_of(64),
         format_args!("{base:#x}"),
     );
     t.measure("cpu0.st-base", format_args!("{base:#x}"));

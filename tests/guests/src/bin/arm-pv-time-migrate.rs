@@ -1,0 +1,61 @@
+//! rustkvm-test: arch=aarch64 smp=2 compare=off matrix=off
+//!
+//! PV stolen time across savevm/loadvm or migration: both vCPUs spin on one
+//! host thread (the host test boots it with `thread=single`), vCPU 0 calls
+//! PV_TIME_ST, prints "ready", then for 3 s of counter time checks that its
+//! `stolen_time` grows in every 500 ms window. The host test migrates the VM
+//! to a file and resumes it in a new QEMU in the middle; without the
+//! `cpu/rustkvm-pvtime` subsection the destination stops updating the
+//! structure. Not part of the matrix.
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "aarch64"))]
+fn main(t: &mut Test) {
+    t.skip("arm-pv-time-migrate", "aarch64 only");
+}
+
+#[cfg(target_arch = "aarch64")]
+fn spin() {
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn main(t: &mut Test) {
+    use guest::arch::{self, hvc};
+    use guest::println;
+    /// ARM_SMCCC_HV_PV_TIME_ST.
+    const PV_TIME_ST: u32 = 0xc500_0021;
+
+    let base = hvc(PV_TIME_ST, [0; 3])[0];
+    t.check("st", base.is_multiple_of(64), format_args!("{base:#x}"));
+    if !base.is_multiple_of(64) {
+        return;
+    }
+    t.eq("cpu-on", arch::cpu_on(1, spin), 0);
+    // SAFETY: PV_TIME_ST's 64-byte structure (MMU off); the host updates it.
+    let stolen = || unsafe { ((base + 8) as *const u64).read_volatile() };
+    println!("ready");
+    let frq = arch::cntfrq();
+    let mut stalled = None;
+    for window in 0..6 {
+        let (s0, c0) = (stolen(), arch::cntvct());
+        while arch::cntvct().wrapping_sub(c0) < frq / 2 {
+            core::hint::spin_loop();
+        }
+        if stolen() == s0 {
+            stalled = Some(window);
+        }
+    }
+    t.check(
+        "stolen-time-kept-growing",
+        stalled.is_none(),
+        format_args!("no growth in 500 ms window {stalled:?}"),
+    );
+}
