@@ -60,6 +60,13 @@ typedef struct RustkvmHostOps {
      * False if there is no such vCPU.
      */
     bool (*send_ipi)(uint32_t apic_id, uint32_t icr);
+    /** QEMU's virtual clock in ns (QEMU_CLOCK_VIRTUAL): what the guest TSC counts. */
+    int64_t (*clock_ns)(void);
+    /**
+     * x86: vCPU `cpu_index`'s TSC-deadline timer changed; re-arm its local
+     * APIC timer from rustkvm_x86_tsc_deadline_ns(). Called without Rust locks.
+     */
+    void (*tsc_deadline_changed)(uint32_t cpu_index);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */
@@ -124,11 +131,49 @@ uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
 uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
                                     uint32_t reg);
 
+/* x86 time (vCPU thread unless noted). */
+/**
+ * After each reset of an x86 vCPU: the TSC frequency the CPU model asks for
+ * (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's
+ * choice is the VM's) and the KVM feature bits it advertises (CPUID
+ * 0x40000001 EAX: kvmclock's stable bit follows them).
+ */
+void rustkvm_x86_vcpu_setup(RustkvmVcpu *vcpu, uint64_t tsc_khz,
+                            uint32_t kvm_features);
+/** RDTSC/RDTSCP (and RDMSR IA32_TSC): the guest TSC now. */
+uint64_t rustkvm_x86_rdtsc(RustkvmVcpu *vcpu);
+/**
+ * The local APIC's LVT timer register was written (`restore`: loaded from
+ * a saved machine, keep the deadline). Leaving or entering TSC-deadline
+ * mode disarms it, as KVM.
+ */
+void rustkvm_x86_lvtt_write(RustkvmVcpu *vcpu, uint32_t lvt, bool restore);
+/**
+ * When the TSC-deadline timer is due, in QEMU_CLOCK_VIRTUAL ns; -1 if it is
+ * not armed (or the LVT timer is not in TSC-deadline mode). Any thread.
+ */
+int64_t rustkvm_x86_tsc_deadline_ns(RustkvmVcpu *vcpu);
+/**
+ * The APIC timer went off in TSC-deadline mode: true if the deadline was
+ * reached (it is disarmed; deliver the LVT timer interrupt). Any thread.
+ */
+bool rustkvm_x86_tsc_deadline_fire(RustkvmVcpu *vcpu);
+
 /* x86 state QEMU saves (savevm/loadvm, migration). */
 /** x86 MSR values Rust owns that have a home in QEMU's CPUX86State. */
 typedef struct RustkvmX86Msrs {
     /** MSR_KVM_STEAL_TIME (CPUX86State::steal_time_msr). */
     uint64_t steal_time;
+    /** IA32_TSC (CPUX86State::tsc). */
+    uint64_t tsc;
+    /** IA32_TSC_ADJUST (CPUX86State::tsc_adjust). */
+    uint64_t tsc_adjust;
+    /** IA32_TSC_DEADLINE (CPUX86State::tsc_deadline). */
+    uint64_t tsc_deadline;
+    /** MSR_KVM_SYSTEM_TIME(_NEW) (CPUX86State::system_time_msr). */
+    uint64_t system_time;
+    /** MSR_KVM_WALL_CLOCK(_NEW) (CPUX86State::wall_clock_msr). */
+    uint64_t wall_clock;
 } RustkvmX86Msrs;
 /** Copy the MSRs out, before QEMU saves the vCPU. */
 void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);

@@ -18,10 +18,22 @@ pub trait Interrupts {
     fn send_ipi(&self, apic_id: u32, icr: u32) -> bool;
 }
 
-/// Everything the models need from the machine around them.
-pub trait Host: GuestMemory + Interrupts {}
+/// The machine's clock and timers.
+pub trait Timers {
+    /// QEMU's virtual clock: nanoseconds of VM time (stops while the VM is
+    /// stopped, travels with it in migration). What the guest TSC counts.
+    fn virtual_ns(&self) -> u64 {
+        0
+    }
+    /// vCPU `index`'s TSC-deadline timer changed: QEMU re-arms its local
+    /// APIC timer from `Vcpu::tsc_deadline_ns`. Called without any vCPU lock.
+    fn tsc_deadline_changed(&self, _index: u32) {}
+}
 
-impl<T: GuestMemory + Interrupts> Host for T {}
+/// Everything the models need from the machine around them.
+pub trait Host: GuestMemory + Interrupts + Timers {}
+
+impl<T: GuestMemory + Interrupts + Timers> Host for T {}
 
 /// Memory that has nothing: every access is refused.
 #[derive(Debug, Default, Clone, Copy)]
@@ -32,6 +44,8 @@ impl Interrupts for NoMemory {
         false
     }
 }
+
+impl Timers for NoMemory {}
 
 impl GuestMemory for NoMemory {
     fn read(&self, _gpa: u64, _buf: &mut [u8]) -> bool {
@@ -94,6 +108,8 @@ pub mod tests {
                 .collect()
         }
     }
+
+    impl super::Timers for FakeRam {}
 
     impl super::Interrupts for FakeRam {
         fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {

@@ -5,7 +5,7 @@
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -14,6 +14,8 @@ use crate::arm::pvtime::{PvTime, PvTimeError};
 use crate::arm::smccc;
 use crate::memory::NoMemory;
 use crate::vm::{Arch, Shared};
+use crate::x86::clock::{self, Timer, X86Clock};
+use crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
 use crate::x86::hypercall;
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 
@@ -114,6 +116,25 @@ pub struct VcpuState {
     pub steal: StealTime,
     /// arm64 PV stolen time.
     pub pvtime: PvTime,
+    /// x86 TSC, TSC_ADJUST, kvmclock, TSC-deadline.
+    pub clock: X86Clock,
+}
+
+/// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SavedMsrs {
+    /// MSR_KVM_STEAL_TIME.
+    pub steal_time: u64,
+    /// IA32_TSC.
+    pub tsc: u64,
+    /// IA32_TSC_ADJUST.
+    pub tsc_adjust: u64,
+    /// IA32_TSC_DEADLINE.
+    pub tsc_deadline: u64,
+    /// MSR_KVM_SYSTEM_TIME(_NEW).
+    pub system_time: u64,
+    /// MSR_KVM_WALL_CLOCK(_NEW).
+    pub wall_clock: u64,
 }
 
 /// One vCPU of a [`crate::Vm`].
@@ -129,6 +150,8 @@ pub struct Vcpu {
     routes: RouteCounters,
     // The host thread running this vCPU (MTTCG sampler), 0 until it runs.
     tid: AtomicI32,
+    // x86: the KVM feature bits its CPUID advertises (set at reset).
+    kvm_features: AtomicU32,
     shared: Arc<Shared>,
 }
 
@@ -147,6 +170,7 @@ impl Vcpu {
             pv_unhalt: AtomicBool::new(false),
             routes: RouteCounters::default(),
             tid: AtomicI32::new(0),
+            kvm_features: AtomicU32::new(0),
             shared,
         }
     }
@@ -182,6 +206,9 @@ impl Vcpu {
         s.resets += 1;
         s.steal = StealTime::default();
         s.pvtime.reset();
+        // The TSC keeps counting VM time, in sync with the other vCPUs;
+        // kvmclock, TSC_ADJUST and the deadline are off (QEMU zeroes them).
+        s.clock = X86Clock::default();
         self.pv_unhalt.store(false, Ordering::Relaxed);
     }
 
@@ -257,36 +284,150 @@ impl Vcpu {
     /// RDMSR.
     pub fn rdmsr(&self, index: u32) -> Route<u64> {
         bump(&self.routes.rdmsr);
-        if self.arch != Arch::X86_64 || index != MSR_KVM_STEAL_TIME {
+        if self.arch != Arch::X86_64 {
             return Route::Unhandled;
         }
         let s = self.lock();
-        match (self.arch, index) {
-            (Arch::X86_64, MSR_KVM_STEAL_TIME) => Route::Handled(s.steal.msr),
-            _ => Route::Unhandled,
-        }
+        Route::Handled(match index {
+            MSR_KVM_STEAL_TIME => s.steal.msr,
+            clock::MSR_IA32_TSC => s
+                .clock
+                .tsc(self.shared.tsc_rate(), self.shared.virtual_ns()),
+            clock::MSR_IA32_TSC_ADJUST => s.clock.tsc_adjust,
+            clock::MSR_IA32_TSC_DEADLINE => s.clock.read_deadline(),
+            clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => s.clock.system_time_msr,
+            clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => {
+                self.shared.wall_clock_msr.load(Ordering::Relaxed)
+            }
+            _ => return Route::Unhandled,
+        })
     }
 
     /// WRMSR.
     pub fn wrmsr(&self, index: u32, value: u64) -> Route<()> {
         bump(&self.routes.wrmsr);
-        if self.arch != Arch::X86_64 || index != MSR_KVM_STEAL_TIME {
+        if self.arch != Arch::X86_64 {
             return Route::Unhandled;
         }
+        let (rate, mem) = (self.shared.tsc_rate(), &*self.shared.host);
         let mut s = self.lock();
-        match (self.arch, index) {
-            (Arch::X86_64, MSR_KVM_STEAL_TIME) => match s.steal.write_msr(value) {
+        let timer = match index {
+            MSR_KVM_STEAL_TIME => match s.steal.write_msr(value) {
                 Ok(()) => {
                     // KVM requests a steal-time update on the write
                     // (KVM_REQ_STEAL_UPDATE): the structure is valid as soon
                     // as the guest runs again.
                     self.enter_steal(&mut s);
-                    Route::Handled(())
+                    Timer::Unchanged
                 }
-                Err(_) => Route::Fault,
+                Err(_) => return Route::Fault,
             },
-            _ => Route::Unhandled,
+            clock::MSR_IA32_TSC | clock::MSR_IA32_TSC_ADJUST => {
+                let t = if index == clock::MSR_IA32_TSC {
+                    s.clock.write_tsc(rate, self.shared.virtual_ns(), value)
+                } else {
+                    s.clock.write_tsc_adjust(value)
+                };
+                // KVM_REQ_CLOCK_UPDATE: kvmclock follows the new TSC.
+                s.clock.write_pvclock(mem, rate, self.kvmclock_stable());
+                t
+            }
+            clock::MSR_IA32_TSC_DEADLINE => s.clock.write_deadline(value),
+            clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => {
+                s.clock.system_time_msr = value;
+                s.clock.write_pvclock(mem, rate, self.kvmclock_stable());
+                Timer::Unchanged
+            }
+            clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => {
+                self.shared.wall_clock_msr.store(value, Ordering::Relaxed);
+                clock::write_wall_clock(mem, value, self.shared.virtual_ns(), realtime_ns());
+                Timer::Unchanged
+            }
+            _ => return Route::Unhandled,
+        };
+        drop(s);
+        if timer == Timer::Changed {
+            self.shared.host.tsc_deadline_changed(self.index);
         }
+        Route::Handled(())
+    }
+
+    fn kvmclock_stable(&self) -> bool {
+        self.kvm_features.load(Ordering::Relaxed) & KVM_FEATURE_CLOCKSOURCE_STABLE_BIT != 0
+    }
+
+    /// x86, after each reset: the CPU model's TSC frequency (0: default;
+    /// the first vCPU's sets the VM's) and advertised KVM feature bits.
+    pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32) {
+        self.shared.set_tsc_khz(tsc_khz);
+        self.kvm_features.store(kvm_features, Ordering::Relaxed);
+    }
+
+    /// RDTSC: the guest TSC now.
+    pub fn rdtsc(&self) -> u64 {
+        let now = self.shared.virtual_ns();
+        self.lock().clock.tsc(self.shared.tsc_rate(), now)
+    }
+
+    /// The LVT timer register was written (`restore`: from a saved machine).
+    pub fn lvtt_write(&self, lvt: u32, restore: bool) {
+        let mut s = self.lock();
+        if restore {
+            s.clock.lvtt_mode = ((lvt >> clock::LVT_TIMER_MODE_SHIFT) & 3) as u8;
+            return;
+        }
+        let changed = s.clock.write_lvtt(lvt);
+        drop(s);
+        if changed == Timer::Changed {
+            self.shared.host.tsc_deadline_changed(self.index);
+        }
+    }
+
+    /// When the TSC-deadline timer is due (VM ns), if armed.
+    pub fn tsc_deadline_ns(&self) -> Option<u64> {
+        let now = self.shared.virtual_ns();
+        self.lock().clock.deadline_ns(self.shared.tsc_rate(), now)
+    }
+
+    /// The APIC timer went off: whether the deadline was reached (disarmed).
+    pub fn tsc_deadline_fire(&self) -> bool {
+        let now = self.shared.virtual_ns();
+        self.lock()
+            .clock
+            .deadline_expired(self.shared.tsc_rate(), now)
+    }
+
+    /// The MSRs QEMU saves.
+    pub fn save_msrs(&self) -> SavedMsrs {
+        let s = self.lock();
+        SavedMsrs {
+            steal_time: s.steal.msr,
+            tsc: s
+                .clock
+                .tsc(self.shared.tsc_rate(), self.shared.virtual_ns()),
+            tsc_adjust: s.clock.tsc_adjust,
+            tsc_deadline: s.clock.tsc_deadline,
+            system_time: s.clock.system_time_msr,
+            wall_clock: self.shared.wall_clock_msr.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Take them back after QEMU loaded the vCPU (loadvm, incoming
+    /// migration): host-initiated writes, which do not move TSC_ADJUST or
+    /// rewrite the wall clock; kvmclock is rewritten for the restored TSC.
+    pub fn load_msrs(&self, m: &SavedMsrs) {
+        self.load_steal_time_msr(m.steal_time);
+        let (rate, now) = (self.shared.tsc_rate(), self.shared.virtual_ns());
+        let mut s = self.lock();
+        s.clock.restore_tsc(rate, now, m.tsc);
+        s.clock.tsc_adjust = m.tsc_adjust;
+        s.clock.tsc_deadline = m.tsc_deadline;
+        s.clock.system_time_msr = m.system_time;
+        s.clock
+            .write_pvclock(&*self.shared.host, rate, self.kvmclock_stable());
+        self.shared
+            .wall_clock_msr
+            .store(m.wall_clock, Ordering::Relaxed);
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
@@ -369,6 +510,13 @@ impl Vcpu {
     }
 }
 
+/// Host real time, ns since the Unix epoch.
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// The vCPU as the SMCCC handler sees it.
 struct SmcccServices<'a> {
     state: &'a mut VcpuState,
@@ -395,8 +543,8 @@ mod tests {
     fn no_feature_claims_anything_yet() {
         let v = Vcpu::new(0, Arch::X86_64);
         assert_eq!(v.cpuid(0x4000_0000, 0, [1, 2, 3, 4]), Route::Unhandled);
-        assert_eq!(v.rdmsr(0x10), Route::Unhandled);
-        assert_eq!(v.wrmsr(0x10, 0x1001), Route::Unhandled);
+        assert_eq!(v.rdmsr(0x1b), Route::Unhandled);
+        assert_eq!(v.wrmsr(0x1b, 0x1001), Route::Unhandled);
         assert_eq!(v.rdpmc(0x4000_0000), Route::Unhandled);
         let a = Vcpu::new(1, Arch::Aarch64);
         assert_eq!(
@@ -467,9 +615,9 @@ mod tests {
         v.reset();
         v.reset();
         v.cpuid(0, 0, [0; 4]);
-        v.rdmsr(0x10);
-        v.rdmsr(0x10);
-        v.wrmsr(0x10, 0);
+        v.rdmsr(0x1b);
+        v.rdmsr(0x1b);
+        v.wrmsr(0x1b, 0);
         v.rdpmc(0);
         assert_eq!(v.state().resets, 2);
         assert_eq!(

@@ -1,6 +1,6 @@
 //! The machine: configuration and the registry of live vCPUs.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,6 +10,7 @@ use crate::error::AccelError;
 use crate::memory::{Host, NoMemory};
 use crate::steal::Threading;
 use crate::vcpu::Vcpu;
+use crate::x86::clock::TscRate;
 
 /// How often the steal-time sampler looks while no vCPU has steal time on.
 const IDLE_SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
@@ -90,6 +91,10 @@ pub struct Shared {
     pub mttcg: bool,
     origin: Instant,
     live_vcpus: AtomicU32,
+    /// x86: the guest TSC frequency in kHz, 0 until a vCPU set it.
+    tsc_khz: AtomicU64,
+    /// x86: MSR_KVM_WALL_CLOCK(_NEW), one per VM as in KVM.
+    pub wall_clock_msr: AtomicU64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -109,12 +114,32 @@ impl Shared {
             mttcg,
             origin: Instant::now(),
             live_vcpus: AtomicU32::new(0),
+            tsc_khz: AtomicU64::new(0),
+            wall_clock_msr: AtomicU64::new(0),
         }
     }
 
     /// Host monotonic time in ns since the machine was created (never 0).
     pub fn now_ns(&self) -> u64 {
         self.origin.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// QEMU's virtual clock (ns of VM time).
+    pub fn virtual_ns(&self) -> u64 {
+        self.host.virtual_ns()
+    }
+
+    /// The VM's guest TSC rate.
+    pub fn tsc_rate(&self) -> TscRate {
+        TscRate::new(self.tsc_khz.load(Ordering::Relaxed))
+    }
+
+    /// Fix the VM's TSC rate: the first non-zero request wins (every vCPU
+    /// has the same CPU model options).
+    pub fn set_tsc_khz(&self, khz: u64) {
+        let _ = self
+            .tsc_khz
+            .compare_exchange(0, khz, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The threading model for steal-time accounting.
@@ -318,7 +343,7 @@ mod tests {
         let v1 = vm.create_vcpu(1).unwrap();
         vm.create_vcpu(0).unwrap();
         v1.reset();
-        assert_eq!(v1.rdmsr(0x10), crate::Route::Unhandled);
+        assert_eq!(v1.rdmsr(0x1b), crate::Route::Unhandled);
         let report = vm.stats_report();
         let lines: Vec<&str> = report.lines().collect();
         assert_eq!(lines.len(), 2);

@@ -31,11 +31,27 @@ pub const KVM_FEATURE_CLOCKSOURCE_STABLE_BIT: u32 = 1 << 24;
 
 /// QEMU's register numbering in a CPUID feature word (`R_EAX` ...).
 pub const REG_EAX: u32 = 0;
+/// `R_ECX`.
+pub const REG_ECX: u32 = 1;
+/// `R_EDX`.
+pub const REG_EDX: u32 = 2;
+/// `R_EBX`.
+pub const REG_EBX: u32 = 3;
+
+/// CPUID.1:ECX[24] TSC_DEADLINE: the local APIC's TSC-deadline mode (SDM).
+pub const CPUID_1_ECX_TSC_DEADLINE: u32 = 1 << 24;
+/// CPUID.(EAX=7,ECX=0):EBX[1] TSC_ADJUST: IA32_TSC_ADJUST.
+pub const CPUID_7_0_EBX_TSC_ADJUST: u32 = 1 << 1;
+/// CPUID.80000007H:EDX[8] invariant TSC.
+pub const CPUID_8000_0007_EDX_INVTSC: u32 = 1 << 8;
 
 /// KVM feature bits rustkvm implements today. A bit not here is never
 /// offered to the guest, whatever `-cpu` asks (QEMU warns that it is
 /// unsupported, as it does for any feature the accelerator lacks).
-pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_NOP_IO_DELAY
+pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
+    | KVM_FEATURE_NOP_IO_DELAY
+    | KVM_FEATURE_CLOCKSOURCE2
+    | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
     | KVM_FEATURE_STEAL_TIME
     | KVM_FEATURE_PV_UNHALT
     | KVM_FEATURE_PV_SEND_IPI
@@ -56,9 +72,15 @@ pub const KVM_DEFAULT_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
 
 /// Which bits of CPUID `leaf`/`subleaf` register `reg` rustkvm can offer,
 /// given what TCG offers (`tcg`).
-pub fn supported(leaf: u32, _subleaf: u32, reg: u32, tcg: u32) -> u32 {
-    match (leaf, reg) {
-        (KVM_CPUID_FEATURES, REG_EAX) => tcg | IMPLEMENTED_KVM_FEATURES,
+/// Besides KVM's leaves: the TSC-deadline timer, IA32_TSC_ADJUST and the
+/// invariant TSC (the guest TSC counts VM time at a fixed rate, see
+/// `x86::clock`), which TCG lacks.
+pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
+    match (leaf, subleaf, reg) {
+        (KVM_CPUID_FEATURES, _, REG_EAX) => tcg | IMPLEMENTED_KVM_FEATURES,
+        (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE,
+        (7, 0, REG_EBX) => tcg | CPUID_7_0_EBX_TSC_ADJUST,
+        (0x8000_0007, _, REG_EDX) => tcg | CPUID_8000_0007_EDX_INVTSC,
         _ => tcg,
     }
 }
@@ -96,9 +118,21 @@ mod tests {
             0,
             "hints (EDX) stay TCG's"
         );
-        assert_eq!(supported(1, 0, 1, 0x1234), 0x1234, "other leaves untouched");
+        assert_eq!(supported(1, 0, REG_EDX, 0x1234), 0x1234, "other words untouched");
+        assert_eq!(supported(1, 0, REG_ECX, 0), 1 << 24, "TSC-deadline");
+        assert_eq!(supported(7, 0, REG_EBX, 1), 3, "TSC_ADJUST");
+        assert_eq!(supported(7, 1, REG_EBX, 0), 0);
+        assert_eq!(supported(0x8000_0007, 0, REG_EDX, 0), 1 << 8, "invtsc");
         let d = defaults(KVM_CPUID_FEATURES, 0, REG_EAX);
-        assert_eq!(d, KVM_FEATURE_NOP_IO_DELAY | KVM_FEATURE_STEAL_TIME);
+        assert_eq!(
+            d,
+            KVM_FEATURE_CLOCKSOURCE
+                | KVM_FEATURE_NOP_IO_DELAY
+                | KVM_FEATURE_CLOCKSOURCE2
+                | KVM_FEATURE_STEAL_TIME
+                | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+        );
+        assert_eq!(d, 0x100_002b);
         assert_eq!(d & !supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0), 0);
         assert_eq!(defaults(1, 0, REG_EAX), 0);
     }

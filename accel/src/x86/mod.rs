@@ -1,5 +1,6 @@
 //! x86: KVM's paravirtual interface (CPUID leaves, hypercalls, steal time).
 
+pub mod clock;
 pub mod cpuid;
 pub mod hypercall;
 pub mod steal;
