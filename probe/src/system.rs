@@ -22,6 +22,9 @@ pub const DMESG_PATTERNS: &[&str] = &[
     "tsc:",
     "psci",
     "smccc",
+    "TSC deadline",
+    "timekeeping watchdog",
+    "unstable",
 ];
 /// At most this many dmesg lines are reported.
 const DMESG_MAX_LINES: usize = 80;

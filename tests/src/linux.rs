@@ -38,6 +38,9 @@ pub struct Config {
     pub smp: u32,
     /// All vCPUs on one host thread (`thread=single`): overcommit.
     pub single_thread: bool,
+    /// Seconds the guest idles before the probe runs (`rustkvm.soak=`):
+    /// time for the clocksource watchdog to complain, if it would.
+    pub soak_s: u32,
 }
 
 impl Config {
@@ -145,6 +148,11 @@ pub fn command_args(
     if config.single_thread && config.backend != Backend::Kvm {
         accel += ",thread=single";
     }
+    let soak = if config.soak_s > 0 {
+        format!(" rustkvm.soak={}", config.soak_s)
+    } else {
+        String::new()
+    };
     // x86 Linux reports its steal-time registration only with pr_debug on.
     let dyndbg = match config.arch {
         Arch::X86_64 => " dyndbg=\"file arch/x86/kernel/kvm.c +p\"",
@@ -172,7 +180,7 @@ pub fn command_args(
             "-initrd",
             &initrd.display().to_string(),
             "-append",
-            &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}"),
+            &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}{soak}"),
         ]
         .iter()
         .map(|s| s.to_string()),
@@ -458,6 +466,8 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
         ),
         ("dmesg kvm-clock", yes_no("kvm-clock")),
         ("dmesg kvm-stealtime", yes_no("kvm-stealtime")),
+        ("dmesg TSC deadline timer", yes_no("TSC deadline timer")),
+        ("dmesg clocksource watchdog", yes_no("timekeeping watchdog")),
         ("dmesg arm-pv", yes_no("arm-pv")),
         (
             "smccc",
@@ -571,6 +581,7 @@ mod tests {
                 backend,
                 smp: 2,
                 single_thread: false,
+                soak_s: 0,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -664,6 +675,7 @@ mod tests {
             backend: Backend::Kvm,
             smp: 1,
             single_thread: false,
+            soak_s: 0,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -675,6 +687,7 @@ mod tests {
             backend: Backend::Rustkvm,
             smp: 2,
             single_thread: true,
+            soak_s: 0,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(

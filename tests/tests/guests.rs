@@ -165,8 +165,8 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x28a2",
-            "-cpu max: nopiodelay, steal-time, pv-unhalt, send-ipi, sched-yield"
+            "0x10028ab",
+            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, send-ipi, sched-yield, stable bit"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -285,6 +285,66 @@ fn arm64_counter_offset_shifts_both_counters_and_timers_still_fire() {
 }
 
 #[test]
+fn x86_kvmclock_wall_clock_stable_bit_and_tsc_frequency() {
+    let _serial = serial();
+    let host_s = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let with = |cpu: &str| {
+        let opts = run::RunOptions {
+            qemu_args: vec!["-cpu".into(), cpu.into()],
+            ..Default::default()
+        };
+        run::run_with(
+            &find_test("x86-kvmclock"),
+            Arch::X86_64,
+            Variant::Default,
+            Backend::Rustkvm,
+            &opts,
+        )
+        .expect("ran")
+    };
+    // Wall clock = host time (the guest's second, read within the run).
+    let r = with("max");
+    assert_pass(&r, "max");
+    let guest_s: i64 = measure(&r, "wall.unix-s").parse().expect("number");
+    assert!(
+        (host_s() - guest_s).abs() <= 2,
+        "guest {guest_s}, host {}",
+        host_s()
+    );
+    assert_eq!(
+        measure(&r, "pvclock.tsc-khz"),
+        "2000000",
+        "rustkvm's default TSC rate"
+    );
+    // The stable bit follows CPUID (the guest checks it against CPUID).
+    assert_pass(&with("max,kvmclock-stable-bit=off"), "stable bit off");
+    // -cpu ...,tsc-frequency= sets the guest TSC rate kvmclock describes.
+    let r = with("max,tsc-frequency=3000000000");
+    assert_pass(&r, "3 GHz");
+    assert_eq!(measure(&r, "pvclock.tsc-khz"), "3000000");
+    // kvmclock=off: not offered.
+    let r = with("max,kvmclock=off");
+    assert!(
+        matches!(r.outcome.status, Status::Skip(_)),
+        "{}",
+        r.outcome.serial
+    );
+}
+
+#[test]
+fn x86_kvmclock_and_tsc_survive_migration() {
+    let _serial = serial();
+    let serial = migrate_midway(Arch::X86_64, "x86-kvmclock-migrate", Variant::Default, 1);
+    assert!(serial.contains("ok never-backwards"), "{serial}");
+    assert!(serial.contains("ok adjust-kept"), "{serial}");
+}
+
+#[test]
 fn x86_kvm_signature_and_feature_switches() {
     let _serial = serial();
     let t = &find_test("hello");
@@ -310,25 +370,30 @@ fn x86_kvm_signature_and_feature_switches() {
     let r = with(Backend::Rustkvm, None);
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "KVMKVMKVM");
     // A named model gets KVM's defaults that rustkvm implements:
-    // nopiodelay and steal-time.
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x22");
+    // kvmclock (both MSR pairs), nopiodelay, steal-time, kvmclock-stable-bit.
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100002b");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x28a2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x10028ab");
     let r = with(
         Backend::Rustkvm,
         Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off,kvm-pv-ipi=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2000");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1002009");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2022");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100202b");
     // kvm=off hides the KVM leaves, as under KVM.
     let r = with(Backend::Rustkvm, Some("max,kvm=off"));
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "TCGTCGTCGTCG");
     // Asking for a PV feature rustkvm does not implement is refused loudly.
-    let r = with(Backend::Rustkvm, Some("max,kvmclock=on"));
+    let r = with(
+        Backend::Rustkvm,
+        Some("max,kvmclock=off,kvmclock-stable-bit=off"),
+    );
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x28a2");
+    let r = with(Backend::Rustkvm, Some("max,kvm-asyncpf=on"));
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x10028ab");
     assert!(
-        r.outcome.stderr.contains("kvmclock"),
+        r.outcome.stderr.contains("asyncpf"),
         "no warning:\n{}",
         r.outcome.stderr
     );
@@ -363,7 +428,14 @@ fn migrate_midway(arch: Arch, name: &str, variant: Variant, smp: u32) -> String 
     let dir = std::env::temp_dir().join(format!("rustkvm-migrate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (sock_path, state) = (dir.join("mon.sock"), dir.join("state"));
-    let args = qemu::command_args(arch, Backend::Rustkvm, variant, smp, None, &t.binary(arch));
+    let args = qemu::command_args(
+        arch,
+        Backend::Rustkvm,
+        variant,
+        smp,
+        t.cpu.as_deref(),
+        &t.binary(arch),
+    );
 
     // Source: run until the guest is ready, then migrate to a file.
     let mut src = Command::new(&exe)

@@ -118,7 +118,11 @@ mod tests {
             0,
             "hints (EDX) stay TCG's"
         );
-        assert_eq!(supported(1, 0, REG_EDX, 0x1234), 0x1234, "other words untouched");
+        assert_eq!(
+            supported(1, 0, REG_EDX, 0x1234),
+            0x1234,
+            "other words untouched"
+        );
         assert_eq!(supported(1, 0, REG_ECX, 0), 1 << 24, "TSC-deadline");
         assert_eq!(supported(7, 0, REG_EBX, 1), 3, "TSC_ADJUST");
         assert_eq!(supported(7, 1, REG_EBX, 0), 0);

@@ -111,6 +111,7 @@ fn main() -> ExitCode {
                     backend,
                     smp,
                     single_thread,
+                    soak_s: 0,
                 };
                 let run = linux::run(config, args.timeout);
                 if !args.json {

@@ -499,6 +499,24 @@ fn lapic_write(addr: u64, value: u32) {
     unsafe { (addr as *mut u32).write_volatile(value) }
 }
 
+/// Read local APIC register at `offset` (xAPIC MMIO; SDM Table 11-1).
+pub fn lapic_reg(offset: u32) -> u32 {
+    // SAFETY: the local APIC page is identity-mapped MMIO.
+    unsafe { ((LAPIC + u64::from(offset)) as *const u32).read_volatile() }
+}
+
+/// Write local APIC register at `offset`.
+pub fn set_lapic_reg(offset: u32, value: u32) {
+    lapic_write(LAPIC + u64::from(offset), value);
+}
+
+/// Whether `vector` is pending in the local APIC's IRR (interrupts stay
+/// disabled in these guests, so a delivered interrupt stays there).
+pub fn lapic_irr(vector: u8) -> bool {
+    let v = u32::from(vector);
+    lapic_reg(0x200 + (v / 32) * 0x10) & (1 << (v % 32)) != 0
+}
+
 fn lapic_icr_idle() -> bool {
     // SAFETY: as lapic_write; bit 12 = delivery status (send pending).
     unsafe { (LAPIC_ICR_LO as *const u32).read_volatile() & (1 << 12) == 0 }

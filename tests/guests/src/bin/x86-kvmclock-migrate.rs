@@ -1,0 +1,69 @@
+//! rustkvm-test: arch=x86_64 cpu=max compare=off matrix=off
+//!
+//! kvmclock and the TSC across savevm/loadvm or migration: writes the TSC
+//! (so the vCPU has an offset of its own) and IA32_TSC_ADJUST, enables
+//! kvmclock, prints "ready", then for 3 s of kvmclock time checks that
+//! neither the TSC nor kvmclock ever goes backwards and that the MSRs keep
+//! their values. The host test migrates the VM to a file and resumes it in
+//! a new QEMU in the middle. Not part of the matrix.
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-kvmclock-migrate", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct Pvti([u32; 8]);
+
+#[cfg(target_arch = "x86_64")]
+static mut PVTI: Pvti = Pvti([0; 8]);
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    use guest::arch::{self, rdmsr, rdtsc, wrmsr};
+    use guest::println;
+    const MSR_SYSTEM_TIME: u32 = 0x4b56_4d01;
+
+    let read = || loop {
+        // SAFETY: the structure the hypervisor updates; volatile reads.
+        let w = |i: usize| unsafe { (&raw const PVTI.0[i]).read_volatile() };
+        let v = w(0);
+        let ts = u64::from(w(2)) | u64::from(w(3)) << 32;
+        let sys = u64::from(w(4)) | u64::from(w(5)) << 32;
+        let (mul, shift) = (w(6), (w(7) & 0xff) as u8 as i8);
+        let tsc = rdtsc();
+        if v & 1 == 0 && v == w(0) {
+            let d = tsc.wrapping_sub(ts);
+            let d = if shift < 0 { d >> -shift } else { d << shift };
+            return sys + ((u128::from(d) * u128::from(mul)) >> 32) as u64;
+        }
+    };
+    t.eq("tsc", wrmsr(0x10, 5_000_000_000_000), Ok(()));
+    t.eq("adjust", wrmsr(0x3b, 7), Ok(()));
+    let msr = (&raw const PVTI) as u64 | 1;
+    t.eq("kvmclock", wrmsr(MSR_SYSTEM_TIME, msr), Ok(()));
+    println!("ready");
+    let start = read();
+    let (mut last_c, mut last_t) = (start, rdtsc());
+    let mut bad = None;
+    while last_c - start < 3_000_000_000 {
+        let (c, tsc) = (read(), rdtsc());
+        if c < last_c || tsc < last_t {
+            bad = Some((last_c, c, last_t, tsc));
+            break;
+        }
+        (last_c, last_t) = (c, tsc);
+        // Leave translated code now and then, so a migration can happen.
+        arch::outb(0x80, 0);
+    }
+    t.check("never-backwards", bad.is_none(), format_args!("{bad:?}"));
+    t.eq("kvmclock-msr-kept", rdmsr(MSR_SYSTEM_TIME), Ok(msr));
+    t.eq("adjust-kept", rdmsr(0x3b), Ok(7));
+}

@@ -1,0 +1,253 @@
+//! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=wall.unix-s,pvclock.tsc-khz,cross-vcpu.rounds
+//!
+//! kvmclock as KVM implements it (Linux Documentation/virt/kvm/x86/msr.rst,
+//! arch/x86/include/asm/pvclock-abi.h, arch/x86/kvm/x86.c): the wall clock
+//! and per-vCPU time structures are written with even versions; the scale
+//! gives the TSC rate; PVCLOCK_TSC_STABLE_BIT is set exactly when CPUID
+//! 0x40000001 advertises it; the clock read as Linux reads it never goes
+//! backwards, on one vCPU over many reads, across a TSC write, or from one
+//! vCPU to the other; a structure address outside RAM is accepted (no #GP,
+//! as KVM). `wall.unix-s` is the guest's wall-clock time, which the host
+//! test compares with its own. SKIPs without kvmclock (plain TCG).
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-kvmclock", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kc {
+    use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use guest::arch;
+
+    /// MSR_KVM_WALL_CLOCK_NEW.
+    pub const MSR_WALL_CLOCK: u32 = 0x4b56_4d00;
+    /// MSR_KVM_SYSTEM_TIME_NEW.
+    pub const MSR_SYSTEM_TIME: u32 = 0x4b56_4d01;
+
+    /// `struct pvclock_vcpu_time_info`.
+    #[repr(C, align(64))]
+    pub struct Pvti {
+        pub version: u32,
+        pub pad0: u32,
+        pub tsc_timestamp: u64,
+        pub system_time: u64,
+        pub mul: u32,
+        pub shift: i8,
+        pub flags: u8,
+        pub pad: [u8; 2],
+    }
+
+    impl Pvti {
+        pub const fn new() -> Self {
+            Pvti {
+                version: 0,
+                pad0: 0,
+                tsc_timestamp: 0,
+                system_time: 0,
+                mul: 0,
+                shift: 0,
+                flags: 0,
+                pad: [0; 2],
+            }
+        }
+    }
+
+    /// `struct pvclock_wall_clock`.
+    #[repr(C, align(16))]
+    pub struct Wall {
+        pub version: u32,
+        pub sec: u32,
+        pub nsec: u32,
+    }
+
+    pub static mut BSP: Pvti = Pvti::new();
+    pub static mut AP: Pvti = Pvti::new();
+    pub static mut WALL: Wall = Wall {
+        version: 0,
+        sec: 0,
+        nsec: 0,
+    };
+    pub static PUBLISHED: AtomicU64 = AtomicU64::new(0);
+    pub static ROUNDS: AtomicU64 = AtomicU64::new(0);
+    pub static BACKWARDS: AtomicBool = AtomicBool::new(false);
+    pub static AP_READY: AtomicBool = AtomicBool::new(false);
+
+    /// `pvclock_clocksource_read` without the stable-bit shortcut: retry
+    /// while the version is odd or changes.
+    pub fn read(p: *const Pvti) -> (u64, u8) {
+        loop {
+            // SAFETY: a structure the hypervisor updates; volatile reads.
+            unsafe {
+                let v0 = (&raw const (*p).version).read_volatile();
+                core::sync::atomic::fence(Ordering::Acquire);
+                let ts = (&raw const (*p).tsc_timestamp).read_volatile();
+                let sys = (&raw const (*p).system_time).read_volatile();
+                let mul = (&raw const (*p).mul).read_volatile();
+                let shift = (&raw const (*p).shift).read_volatile();
+                let flags = (&raw const (*p).flags).read_volatile();
+                let tsc = arch::rdtsc();
+                core::sync::atomic::fence(Ordering::Acquire);
+                let v1 = (&raw const (*p).version).read_volatile();
+                if v0 & 1 == 0 && v0 == v1 {
+                    return (
+                        sys.wrapping_add(scale(tsc.wrapping_sub(ts), mul, shift)),
+                        flags,
+                    );
+                }
+            }
+        }
+    }
+
+    /// `pvclock_scale_delta`.
+    pub fn scale(delta: u64, mul: u32, shift: i8) -> u64 {
+        let d = if shift < 0 {
+            delta >> (-shift) as u32
+        } else {
+            delta << shift as u32
+        };
+        ((u128::from(d) * u128::from(mul)) >> 32) as u64
+    }
+
+    /// vCPU 1: its own structure, then check each value vCPU 0 publishes
+    /// against a later read of its own clock.
+    pub fn ap() {
+        let gpa = (&raw const AP) as u64;
+        if arch::wrmsr(MSR_SYSTEM_TIME, gpa | 1).is_err() {
+            return;
+        }
+        AP_READY.store(true, Ordering::Release);
+        let mut seen = 0;
+        while ROUNDS.load(Ordering::Acquire) < 1000 {
+            let p = PUBLISHED.load(Ordering::Acquire);
+            if p == seen {
+                core::hint::spin_loop();
+                continue;
+            }
+            if read(&raw const AP).0 < p {
+                BACKWARDS.store(true, Ordering::Release);
+            }
+            seen = p;
+            ROUNDS.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    use core::sync::atomic::Ordering;
+    use guest::arch;
+    use kc::*;
+    const CLOCKSOURCE2: u32 = 1 << 3;
+    const STABLE_BIT: u32 = 1 << 24;
+
+    if !arch::has_kvm_signature() || arch::cpuid(0x4000_0001, 0)[0] & CLOCKSOURCE2 == 0 {
+        t.skip("kvmclock", "no KVM_FEATURE_CLOCKSOURCE2");
+        return;
+    }
+    let advertised_stable = arch::cpuid(0x4000_0001, 0)[0] & STABLE_BIT != 0;
+    let wall = (&raw const WALL) as u64;
+    let bsp = (&raw const BSP) as u64;
+    t.eq("wall-clock-msr", arch::wrmsr(MSR_WALL_CLOCK, wall), Ok(()));
+    t.eq(
+        "system-time-msr",
+        arch::wrmsr(MSR_SYSTEM_TIME, bsp | 1),
+        Ok(()),
+    );
+    t.eq(
+        "system-time-reads-back",
+        arch::rdmsr(MSR_SYSTEM_TIME),
+        Ok(bsp | 1),
+    );
+    // SAFETY: volatile reads of structures the hypervisor wrote.
+    let (wv, sec, nsec, v, mul, shift) = unsafe {
+        (
+            (&raw const WALL.version).read_volatile(),
+            (&raw const WALL.sec).read_volatile(),
+            (&raw const WALL.nsec).read_volatile(),
+            (&raw const BSP.version).read_volatile(),
+            (&raw const BSP.mul).read_volatile(),
+            (&raw const BSP.shift).read_volatile(),
+        )
+    };
+    t.check(
+        "versions-even-and-written",
+        wv != 0 && wv % 2 == 0 && v != 0 && v % 2 == 0,
+        format_args!("wall {wv}, vcpu {v}"),
+    );
+    // pvclock_tsc_khz: the TSC rate the scale describes.
+    let mut khz = (1_000_000u64 << 32) / u64::from(mul.max(1));
+    if shift < 0 {
+        khz <<= -shift as u32;
+    } else {
+        khz >>= shift as u32;
+    }
+    t.measure("pvclock.tsc-khz", format_args!("{khz}"));
+    let (now, flags) = read(&raw const BSP);
+    t.eq(
+        "stable-bit-as-advertised",
+        flags & 1 != 0,
+        advertised_stable,
+    );
+    let unix_ns = u64::from(sec) * 1_000_000_000 + u64::from(nsec) + now;
+    t.measure("wall.unix-s", format_args!("{}", unix_ns / 1_000_000_000));
+
+    // Monotonic over many reads, and across a TSC write (kvmclock follows).
+    let mut last = 0;
+    let mut backwards = 0;
+    for i in 0..200_000u32 {
+        if i == 100_000 {
+            let _ = arch::wrmsr(0x10, 12345);
+        }
+        let (c, _) = read(&raw const BSP);
+        if c < last {
+            backwards += 1;
+        }
+        last = c;
+    }
+    t.eq("monotonic-over-200000-reads-and-a-tsc-write", backwards, 0);
+
+    // Across vCPUs: vCPU 1 never reads less than what vCPU 0 published.
+    arch::start_ap(1, ap);
+    let t0 = arch::rdtsc();
+    while !AP_READY.load(Ordering::Acquire) && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {}
+    let mut round = 0;
+    let start = read(&raw const BSP).0;
+    while read(&raw const BSP).0 - start < 300_000_000 {
+        let done = ROUNDS.load(Ordering::Acquire);
+        if done >= 1000 {
+            break;
+        }
+        if done == round {
+            PUBLISHED.store(read(&raw const BSP).0, Ordering::Release);
+            round += 1;
+        }
+    }
+    let rounds = ROUNDS.load(Ordering::Acquire);
+    ROUNDS.store(1000, Ordering::Release);
+    t.measure("cross-vcpu.rounds", format_args!("{rounds}"));
+    t.check("cross-vcpu-rounds", rounds >= 1, format_args!("{rounds}"));
+    t.eq(
+        "never-backwards-across-vcpus",
+        BACKWARDS.load(Ordering::Acquire),
+        false,
+    );
+
+    // Outside RAM: accepted, read back, nothing breaks.
+    t.eq(
+        "outside-ram-accepted",
+        arch::wrmsr(MSR_SYSTEM_TIME, 0xf_0000_0000 | 1),
+        Ok(()),
+    );
+    t.eq(
+        "outside-ram-reads-back",
+        arch::rdmsr(MSR_SYSTEM_TIME),
+        Ok(0xf_0000_0001),
+    );
+}

@@ -1,0 +1,126 @@
+//! rustkvm-test: arch=x86_64 cpu=max compare=off vary=deadline.late-ticks
+//!
+//! The local APIC's TSC-deadline mode (Intel SDM vol. 3 §11.5.4.1) as KVM
+//! implements it (`arch/x86/kvm/lapic.c`): IA32_TSC_DEADLINE writes are
+//! ignored and it reads 0 outside the mode; in the mode, the timer interrupt
+//! becomes pending when the TSC reaches the deadline, never before, and the
+//! MSR reads 0 afterwards; a deadline in the past fires at once; writing 0
+//! disarms; a huge deadline never fires; leaving the mode disarms.
+//! Interrupts stay disabled: the test watches the vector in the IRR.
+//! SKIPs where CPUID.1:ECX[24] is clear (plain TCG).
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-tsc-deadline", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    use guest::arch::{self, lapic_irr, rdtsc, set_lapic_reg};
+
+    /// IA32_TSC_DEADLINE.
+    const MSR_TSC_DEADLINE: u32 = 0x6e0;
+    /// Spurious-interrupt vector register; bit 8 software-enables the APIC.
+    const SVR: u32 = 0xf0;
+    /// LVT timer register.
+    const LVT_TIMER: u32 = 0x320;
+    /// LVT timer mode: TSC-deadline (bits 18:17 = 10b).
+    const TSC_DEADLINE_MODE: u32 = 2 << 17;
+    /// TSC ticks to wait for something that must not happen (5 ms at 2 GHz).
+    const QUIET: u64 = 10_000_000;
+
+    if arch::cpuid(1, 0)[2] & (1 << 24) == 0 {
+        t.skip(
+            "tsc-deadline",
+            "CPUID.1:ECX[24] clear: no TSC-deadline mode",
+        );
+        return;
+    }
+    set_lapic_reg(SVR, 0x1ff);
+    let arm = |vector: u8, deadline: u64| {
+        set_lapic_reg(LVT_TIMER, TSC_DEADLINE_MODE | u32::from(vector));
+        arch::wrmsr(MSR_TSC_DEADLINE, deadline)
+    };
+    // Spin until `vector` is pending or `ticks` pass; the TSC when seen.
+    let wait = |vector: u8, ticks: u64| {
+        let t0 = rdtsc();
+        loop {
+            let now = rdtsc();
+            if lapic_irr(vector) {
+                return Some(now);
+            }
+            if now.wrapping_sub(t0) > ticks {
+                return None;
+            }
+        }
+    };
+
+    // One-shot mode: the MSR ignores writes and reads 0.
+    set_lapic_reg(LVT_TIMER, 0x30);
+    t.eq(
+        "write-outside-mode",
+        arch::wrmsr(MSR_TSC_DEADLINE, rdtsc() + QUIET),
+        Ok(()),
+    );
+    t.eq("reads-0-outside-mode", arch::rdmsr(MSR_TSC_DEADLINE), Ok(0));
+    t.eq("ignored-outside-mode", wait(0x30, QUIET), None);
+
+    // Armed 1 ms ahead: pending after the deadline, not before.
+    let deadline = rdtsc() + 2_000_000;
+    t.eq("arm", arm(0x40, deadline), Ok(()));
+    t.eq("reads-back", arch::rdmsr(MSR_TSC_DEADLINE), Ok(deadline));
+    let seen = wait(0x40, 2_000_000_000);
+    t.check(
+        "fires-not-before-deadline",
+        seen.is_some_and(|s| s >= deadline),
+        format_args!("deadline {deadline}, seen at {seen:?}"),
+    );
+    let late = seen.map_or(u64::MAX, |s| s.wrapping_sub(deadline));
+    t.measure("deadline.late-ticks", format_args!("{late}"));
+    t.check(
+        "fires-within-50ms",
+        late < 100_000_000,
+        format_args!("{late} ticks late"),
+    );
+    t.eq(
+        "disarmed-after-firing",
+        arch::rdmsr(MSR_TSC_DEADLINE),
+        Ok(0),
+    );
+
+    // In the past: at once.
+    t.eq("arm-past", arm(0x41, rdtsc() - 1_000), Ok(()));
+    t.check(
+        "past-fires-at-once",
+        wait(0x41, QUIET).is_some(),
+        format_args!("not pending"),
+    );
+
+    // Written 0 before the deadline: disarmed.
+    t.eq("arm-then-0", arm(0x42, rdtsc() + 2_000_000), Ok(()));
+    t.eq("write-0", arch::wrmsr(MSR_TSC_DEADLINE, 0), Ok(()));
+    t.eq("zero-disarms", wait(0x42, 3 * QUIET), None);
+
+    // Huge: never (within the wait), and it reads back.
+    t.eq("arm-huge", arm(0x43, u64::MAX), Ok(()));
+    t.eq(
+        "huge-reads-back",
+        arch::rdmsr(MSR_TSC_DEADLINE),
+        Ok(u64::MAX),
+    );
+    t.eq("huge-does-not-fire", wait(0x43, QUIET), None);
+
+    // Leaving the mode disarms.
+    t.eq("arm-then-leave", arm(0x44, rdtsc() + 2_000_000), Ok(()));
+    set_lapic_reg(LVT_TIMER, 0x44);
+    t.eq("mode-change-clears", arch::rdmsr(MSR_TSC_DEADLINE), Ok(0));
+    set_lapic_reg(LVT_TIMER, TSC_DEADLINE_MODE | 0x44);
+    t.eq("mode-change-disarms", wait(0x44, 3 * QUIET), None);
+    t.eq("still-0", arch::rdmsr(MSR_TSC_DEADLINE), Ok(0));
+}
