@@ -216,7 +216,9 @@ fn main(t: &mut Test) {
     // Across vCPUs: vCPU 1 never reads less than what vCPU 0 published.
     arch::start_ap(1, ap);
     let t0 = arch::rdtsc();
-    while !AP_READY.load(Ordering::Acquire) && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {}
+    while !AP_READY.load(Ordering::Acquire) && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
+        core::hint::spin_loop();
+    }
     let mut round = 0;
     let start = read(&raw const BSP).0;
     while read(&raw const BSP).0 - start < 300_000_000 {
