@@ -100,6 +100,16 @@ fn x86_routing_points_reach_rust_and_fall_back_to_tcg() {
     assert!(n("rdmsr") >= 4, "{:?}", r.outcome.routes);
     assert!(n("wrmsr") >= 2, "{:?}", r.outcome.routes);
     assert_eq!(n("rdpmc"), 1, "{:?}", r.outcome.routes);
+    // RDMSR IA32_TSC: stock TCG reads 0; rustkvm reads the guest TSC.
+    assert_eq!(measure(&r, "rdmsr.tsc.nonzero"), "true");
+    let tcg = run::run(
+        &find_test("x86-routing"),
+        Arch::X86_64,
+        Variant::Default,
+        Backend::Tcg,
+    )
+    .expect("ran");
+    assert_eq!(measure(&tcg, "rdmsr.tsc.nonzero"), "false");
     assert_eq!(n("hvc_smc"), 0, "{:?}", r.outcome.routes);
     assert!(n("resets") >= 1, "{:?}", r.outcome.routes);
 }

@@ -1,10 +1,11 @@
-//! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield
+//! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield,rdmsr.tsc.nonzero
 //!
 //! Exercises every x86 instruction rustkvm routes into Rust (CPUID, RDMSR,
 //! WRMSR, RDPMC) plus VMCALL, and records how each is answered. Every answer
 //! must be TCG's own (the runner checks rustkvm's output line for line against
 //! tcg's) except VMCALL, which rustkvm answers as a KVM hypercall
-//! (x86-kvm-pv checks that).
+//! (x86-kvm-pv checks that), and RDMSR IA32_TSC, which reads 0 under stock
+//! TCG and the guest TSC under rustkvm (the host test checks both).
 #![no_std]
 #![no_main]
 
