@@ -3,8 +3,8 @@
 //! Local APIC timer latency: how long after its deadline a timer interrupt
 //! is pending, median of 15 trials, in nanoseconds (TSC ticks converted with
 //! the TSC rate measured against the APIC timer's own count, so backends
-//! with different TSC rates compare). One-shot mode (TMICT = 1 ms at divide
-//! 1) everywhere; TSC-deadline mode (1 ms ahead) where CPUID offers it.
+//! with different TSC rates compare). One-shot mode (TMICT = 1 ms, divide
+//! by one) everywhere; TSC-deadline mode (1 ms ahead) where CPUID offers it.
 //! Interrupts stay disabled: the guest polls the IRR, so this is deadline
 //! to "pending", the part the accelerator controls. scripts/bench-timer.sh
 //! compares rustkvm's TSC-deadline with stock tcg's one-shot.
