@@ -467,6 +467,54 @@ pub fn vmcall_raw(nr: u64, a0: u64) -> u64 {
     ret
 }
 
+global_asm!(
+    r#"
+    /*
+     * u64 guest_vmcall_compat(u64 rax, u64 rbx): VMCALL from compatibility
+     * mode (CS = 0x18: L = 0, D = 1) with RAX/RBX as given, back to 64-bit
+     * mode; returns RAX. The return address travels in ESI (this code sits
+     * below 4 GiB), which VMCALL does not change.
+     */
+    .section .text
+    .code64
+    .global guest_vmcall_compat
+guest_vmcall_compat:
+    push %rbx
+    push %rsi
+    mov %rdi, %rax
+    mov %rsi, %rbx
+    lea 2f(%rip), %rsi
+    pushq $0x18
+    lea 1f(%rip), %rcx
+    push %rcx
+    lretq
+    .code32
+1:  vmcall
+    pushl $0x08
+    pushl %esi
+    lretl
+    .code64
+2:  pop %rsi
+    pop %rbx
+    ret
+"#,
+    options(att_syntax)
+);
+
+extern "C" {
+    fn guest_vmcall_compat(rax: u64, rbx: u64) -> u64;
+}
+
+/// VMCALL from compatibility mode (a 32-bit code segment under long mode),
+/// where KVM's ABI uses 32-bit operands: `rax`/`rbx` go in whole (their
+/// upper halves must be ignored); returns the whole RAX afterwards.
+/// The caller knows VMCALL does not fault (KVM signature seen).
+pub fn vmcall_compat(rax: u64, rbx: u64) -> u64 {
+    // SAFETY: the routine switches to the GDT's 32-bit code segment and
+    // back, preserving every register but RAX and RCX.
+    unsafe { guest_vmcall_compat(rax, rbx) }
+}
+
 /// The local APIC (xAPIC MMIO, identity-mapped).
 const LAPIC: u64 = 0xfee0_0000;
 /// Interrupt command register, low and high halves.

@@ -72,6 +72,26 @@ fn main(t: &mut Test) {
         arch::vmcall(KVM_HC_VAPIC_POLL_IRQ, [0; 4]),
         Ok(0),
     );
+    // Outside 64-bit mode (here: compatibility mode) KVM reads 32-bit
+    // operands and returns a 32-bit result (kvm_emulate_hypercall's
+    // !op_64_bit path): the number's upper half is ignored, RAX's upper
+    // half comes back 0.
+    let high = 0xdead_beef_0000_0000u64;
+    t.eq(
+        "64-bit-mode-keeps-the-upper-half",
+        arch::vmcall(high | KVM_HC_VAPIC_POLL_IRQ, [0; 4]),
+        Ok(ENOSYS),
+    );
+    t.eq(
+        "compat-mode-truncates-the-number",
+        arch::vmcall_compat(high | KVM_HC_VAPIC_POLL_IRQ, high),
+        0,
+    );
+    t.eq(
+        "compat-mode-returns-32-bits",
+        arch::vmcall_compat(high | 0x1234, 0),
+        u64::from(ENOSYS as u32),
+    );
     t.eq(
         "sched-yield",
         arch::vmcall(KVM_HC_SCHED_YIELD, [0, 0, 0, 0]),
