@@ -58,6 +58,23 @@ if ! meson_ok; then
     meson_ok || die "meson >= 1.5 still not importable by /usr/bin/python3"
 fi
 
+# Debian's stock QEMU 10.0 (bookworm-backports): the TCG plugin is tested in
+# it too. /usr/bin/qemu-system-* only; rustkvm's own build is separate.
+stock_ok() {
+    local v
+    for e in qemu-system-x86_64 qemu-system-aarch64; do
+        v=$(/usr/bin/$e --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p')
+        [[ "$v" == 10.0.* ]] || return 1
+    done
+}
+if ! stock_ok; then
+    step "stock QEMU 10.0 from bookworm-backports (TCG plugin tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports \
+        qemu-system-x86 qemu-system-arm \
+        || die "could not install qemu-system-x86/qemu-system-arm from bookworm-backports"
+    stock_ok || die "/usr/bin/qemu-system-{x86_64,aarch64} are not QEMU 10.0.x after installing them"
+fi
+
 step "Rust targets and components"
 need_targets=(x86_64-unknown-none aarch64-unknown-none)
 installed=$(rustup target list --installed)

@@ -22,6 +22,9 @@ for t in x86_64-unknown-none aarch64-unknown-none; do
         || die "clippy found problems in the guests ($t)"
 done
 
+step "build the TCG plugin (cargo build -p rustkvm-plugin)"
+cargo build --quiet -p rustkvm-plugin || die "building the TCG plugin failed"
+
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee "$RUSTKVM_CACHE/last-test.log"
 status=${PIPESTATUS[0]}

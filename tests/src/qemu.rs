@@ -209,6 +209,24 @@ pub const HEADLESS: [&str; 6] = [
 
 /// One of QEMU's own test plugins (`tests/tcg/plugins/lib<name>.so`), built
 /// beside the emulators by `scripts/build-qemu.sh`.
+/// rustkvm's own TCG plugin, `target/{debug,release}/librustkvm_plugin.so`
+/// (the newer of the two; `cargo build -p rustkvm-plugin` makes it).
+pub fn rustkvm_plugin() -> Result<PathBuf, HarnessError> {
+    let target = crate::repo_root().join("target");
+    let newest = ["debug", "release"]
+        .iter()
+        .map(|p| target.join(p).join("librustkvm_plugin.so"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p);
+    newest.ok_or_else(|| {
+        HarnessError::NotBuilt(
+            target.join("debug/librustkvm_plugin.so"),
+            "cargo build -p rustkvm-plugin",
+        )
+    })
+}
+
 pub fn plugin(name: &str) -> Result<PathBuf, HarnessError> {
     let exe = emulator(Arch::X86_64)?;
     let path = exe

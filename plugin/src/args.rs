@@ -1,0 +1,255 @@
+//! The plugin's arguments (`-plugin librustkvm_plugin.so,key=value,...`).
+//!
+//! Every argument is checked at load time; a bad one makes QEMU refuse the
+//! plugin with a message that names it and what it accepts, and the output
+//! file is created at load, so an unwritable path fails then, not at exit.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// How instructions are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Exact (equal to per-instruction counting): one add per group of
+    /// instructions of which only the last may leave the block.
+    Exact,
+    /// One add per instruction (the reference the exact mode is tested
+    /// against; as QEMU's contrib `insn` plugin with `inline=on`).
+    Insn,
+    /// One add per block: cheapest, over-counts when a block is left early
+    /// (a fault or trap part-way).
+    Tb,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JSON document (docs/plugin.md).
+    Json,
+    /// `scope,event,value` rows.
+    Csv,
+}
+
+/// Which counters to collect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// `instructions`.
+    pub instructions: bool,
+    /// `branches`.
+    pub branches: bool,
+    /// `mem_access`, `mem_loads`, `mem_stores` (dynamic accesses).
+    pub mem: bool,
+    /// `class_*` (instructions per class).
+    pub classes: bool,
+}
+
+/// The parsed arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Counting mode.
+    pub mode: Mode,
+    /// Counters.
+    pub counters: Counters,
+    /// Report the N hottest blocks (0: off).
+    pub hot: usize,
+    /// Where to write the report; None: stderr table only.
+    pub outfile: Option<PathBuf>,
+    /// Format of `outfile`.
+    pub format: Format,
+    /// No table on stderr.
+    pub quiet: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: Mode::Exact,
+            counters: Counters {
+                instructions: true,
+                branches: true,
+                mem: false,
+                classes: false,
+            },
+            hot: 0,
+            outfile: None,
+            format: Format::Json,
+            quiet: false,
+        }
+    }
+}
+
+/// A refused argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgError {
+    /// The argument as given.
+    pub arg: String,
+    /// What is accepted.
+    pub accepted: &'static str,
+}
+
+impl fmt::Display for ArgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rustkvm plugin: bad argument '{}': accepted {}",
+            self.arg, self.accepted
+        )
+    }
+}
+
+impl std::error::Error for ArgError {}
+
+const KEYS: &str = "mode=, counters=, hot=, outfile=, format=, quiet=";
+const MODES: &str = "mode=exact|insn|tb";
+const COUNTERS: &str =
+    "counters=LIST of instructions,branches,mem,classes,all (joined with '+', or counters= repeated: QEMU splits arguments at commas)";
+const FORMATS: &str = "format=json|csv";
+const BOOLS: &str = "quiet=on|off|true|false";
+const HOT: &str = "hot=N (blocks to report, 0 to 1000000)";
+
+fn boolean(v: &str) -> Option<bool> {
+    match v {
+        "on" | "true" | "yes" => Some(true),
+        "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+impl Config {
+    /// Parse QEMU's `key=value` arguments. QEMU splits `-plugin` options at
+    /// commas, so a counter list may also be given as repeated `counters=`
+    /// or joined with `+`.
+    pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Config, ArgError> {
+        let mut c = Config::default();
+        let mut format_given = false;
+        let mut counters_given = false;
+        for arg in args {
+            let bad = |accepted| ArgError {
+                arg: arg.to_string(),
+                accepted,
+            };
+            let (key, value) = arg.split_once('=').ok_or_else(|| bad(KEYS))?;
+            match key {
+                "mode" => {
+                    c.mode = match value {
+                        "exact" => Mode::Exact,
+                        "insn" => Mode::Insn,
+                        "tb" => Mode::Tb,
+                        _ => return Err(bad(MODES)),
+                    }
+                }
+                "counters" => {
+                    if !counters_given {
+                        c.counters = Counters {
+                            instructions: false,
+                            branches: false,
+                            mem: false,
+                            classes: false,
+                        };
+                        counters_given = true;
+                    }
+                    for name in value.split(['+', ':']) {
+                        match name {
+                            "instructions" | "insns" => c.counters.instructions = true,
+                            "branches" => c.counters.branches = true,
+                            "mem" => c.counters.mem = true,
+                            "classes" => c.counters.classes = true,
+                            "all" => {
+                                c.counters = Counters {
+                                    instructions: true,
+                                    branches: true,
+                                    mem: true,
+                                    classes: true,
+                                }
+                            }
+                            _ => return Err(bad(COUNTERS)),
+                        }
+                    }
+                }
+                "hot" => {
+                    c.hot = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= 1_000_000)
+                        .ok_or_else(|| bad(HOT))?
+                }
+                "outfile" => {
+                    if value.is_empty() {
+                        return Err(bad("outfile=PATH (a file the plugin can create)"));
+                    }
+                    c.outfile = Some(PathBuf::from(value));
+                }
+                "format" => {
+                    format_given = true;
+                    c.format = match value {
+                        "json" => Format::Json,
+                        "csv" => Format::Csv,
+                        _ => return Err(bad(FORMATS)),
+                    }
+                }
+                "quiet" => c.quiet = boolean(value).ok_or_else(|| bad(BOOLS))?,
+                _ => return Err(bad(KEYS)),
+            }
+        }
+        if !format_given {
+            if let Some(p) = &c.outfile {
+                if p.extension().is_some_and(|e| e == "csv") {
+                    c.format = Format::Csv;
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_every_key() {
+        assert_eq!(Config::parse([]), Ok(Config::default()));
+        let c = Config::parse([
+            "mode=tb",
+            "counters=instructions+mem",
+            "counters=classes",
+            "hot=10",
+            "outfile=/tmp/x.csv",
+            "quiet=on",
+        ])
+        .unwrap();
+        assert_eq!(c.mode, Mode::Tb);
+        assert_eq!(
+            c.counters,
+            Counters {
+                instructions: true,
+                branches: false,
+                mem: true,
+                classes: true
+            }
+        );
+        assert_eq!((c.hot, c.format, c.quiet), (10, Format::Csv, true));
+        let c = Config::parse(["outfile=/tmp/x.csv", "format=json", "counters=all"]).unwrap();
+        assert_eq!(c.format, Format::Json, "an explicit format wins");
+        assert!(c.counters.classes && c.counters.mem && c.counters.branches);
+    }
+
+    #[test]
+    fn bad_arguments_name_themselves_and_what_is_accepted() {
+        for (arg, accepted) in [
+            ("mode=fast", MODES),
+            ("counters=cycles", COUNTERS),
+            ("hot=-1", HOT),
+            ("hot=lots", HOT),
+            ("format=xml", FORMATS),
+            ("quiet=maybe", BOOLS),
+            ("colour=on", KEYS),
+            ("verbose", KEYS),
+        ] {
+            let e = Config::parse([arg]).unwrap_err();
+            assert_eq!(e.accepted, accepted, "{arg}");
+            assert!(e.to_string().contains(arg), "{e}");
+        }
+        assert!(Config::parse(["outfile="]).is_err());
+    }
+}

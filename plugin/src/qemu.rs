@@ -1,0 +1,385 @@
+//! The plugin's face to QEMU: `qemu_plugin_install`, the translation
+//! callback that plants inline operations, and the report at exit.
+//!
+//! Hot path: nothing runs per executed instruction but QEMU's inline
+//! scoreboard adds (no callbacks, no locks, no allocation). The translation
+//! callback (per translated block, not per execution) classifies
+//! instructions with a per-thread capstone handle and takes a lock only to
+//! record a block for the hot-block report.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
+
+use qemu_plugin_sys as sys;
+
+use crate::args::{Config, Format, Mode};
+use crate::classify::{groups, Arch, Class, Classifier, InsnInfo};
+use crate::report::{HotBlock, Report, VcpuCounts};
+
+/// The plugin API version QEMU checks before calling `qemu_plugin_install`.
+#[unsafe(no_mangle)]
+pub static qemu_plugin_version: c_int = crate::PLUGIN_API_VERSION as c_int;
+
+unsafe extern "C" {
+    /// glib's allocator's free, for strings the plugin API hands over.
+    fn g_free(mem: *mut c_void);
+}
+
+/// A block recorded for the hot-block report.
+struct HotEntry {
+    vaddr: u64,
+    insns: usize,
+    score: *mut sys::qemu_plugin_scoreboard,
+    symbol: String,
+    disas: String,
+}
+
+/// The loaded plugin.
+struct Plugin {
+    config: Config,
+    arch: Arch,
+    target: String,
+    /// One `VcpuCounts` per vCPU.
+    score: *mut sys::qemu_plugin_scoreboard,
+    hot: Mutex<Vec<HotEntry>>,
+    out: Mutex<Option<File>>,
+}
+
+// SAFETY: the scoreboard pointers are handles QEMU lets any vCPU thread use
+// (inline ops and u64 getters are thread-safe by the plugin API); the rest is
+// plain data or behind a Mutex.
+unsafe impl Send for Plugin {}
+// SAFETY: as above.
+unsafe impl Sync for Plugin {}
+
+static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+thread_local! {
+    static CLASSIFIER: RefCell<Option<Classifier>> = const { RefCell::new(None) };
+}
+
+fn entry(score: *mut sys::qemu_plugin_scoreboard, offset: usize) -> sys::qemu_plugin_u64 {
+    sys::qemu_plugin_u64 { score, offset }
+}
+
+/// QEMU calls this once when loading the plugin.
+///
+/// # Safety
+/// QEMU passes a valid `info` and `argc` valid C strings in `argv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn qemu_plugin_install(
+    id: sys::qemu_plugin_id_t,
+    info: *const sys::qemu_info_t,
+    argc: c_int,
+    argv: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: forwarded caller contract.
+    match unsafe { install(id, info, argc, argv) } {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
+            -1
+        }
+    }
+}
+
+/// # Safety
+/// As `qemu_plugin_install`.
+unsafe fn install(
+    id: sys::qemu_plugin_id_t,
+    info: *const sys::qemu_info_t,
+    argc: c_int,
+    argv: *mut *mut c_char,
+) -> Result<(), String> {
+    let mut args = Vec::new();
+    for i in 0..usize::try_from(argc).unwrap_or(0) {
+        // SAFETY: QEMU passes argc valid, NUL-terminated strings.
+        let a = unsafe { CStr::from_ptr(*argv.add(i)) };
+        args.push(
+            a.to_str()
+                .map_err(|_| format!("rustkvm plugin: argument {i} is not UTF-8"))?,
+        );
+    }
+    let config = Config::parse(args).map_err(|e| e.to_string())?;
+    // SAFETY: QEMU passes a valid info with a NUL-terminated target name.
+    let target = unsafe {
+        info.as_ref()
+            .and_then(|i| i.target_name.as_ref().map(|t| CStr::from_ptr(t)))
+            .map(|t| t.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let arch = Arch::from_target(&target).ok_or_else(|| {
+        format!("rustkvm plugin: target '{target}' is not supported (x86_64, i386, aarch64)")
+    })?;
+    Classifier::new(arch).ok_or("rustkvm plugin: capstone cannot decode this target")?;
+    let out = match &config.outfile {
+        Some(p) => Some(File::create(p).map_err(|e| {
+            format!(
+                "rustkvm plugin: bad argument 'outfile={}': cannot create it: {e}",
+                p.display()
+            )
+        })?),
+        None => None,
+    };
+    // SAFETY: plain plugin API call.
+    let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
+    let plugin = Plugin {
+        config,
+        arch,
+        target,
+        score,
+        hot: Mutex::new(Vec::new()),
+        out: Mutex::new(out),
+    };
+    PLUGIN
+        .set(plugin)
+        .map_err(|_| "rustkvm plugin: already loaded from this file (copy it to load it twice)")?;
+    // SAFETY: registering our callbacks with the id QEMU gave us.
+    unsafe {
+        sys::qemu_plugin_register_vcpu_tb_trans_cb(id, Some(tb_trans));
+        sys::qemu_plugin_register_atexit_cb(id, Some(at_exit), std::ptr::null_mut());
+    }
+    Ok(())
+}
+
+/// Classify a block's instructions (with this thread's capstone handle).
+///
+/// # Safety
+/// `tb` is the block QEMU is translating.
+unsafe fn classify_block(arch: Arch, tb: *mut sys::qemu_plugin_tb, n: usize) -> Vec<InsnInfo> {
+    CLASSIFIER.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = Classifier::new(arch);
+        }
+        (0..n)
+            .map(|i| {
+                // SAFETY: i < n instructions of this block.
+                let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+                let mut buf = [0u8; 16];
+                // SAFETY: insn is valid during translation; buf is writable.
+                let size = unsafe { sys::qemu_plugin_insn_size(insn) };
+                // SAFETY: as above; QEMU copies at most buf.len() bytes.
+                let got =
+                    unsafe { sys::qemu_plugin_insn_data(insn, buf.as_mut_ptr().cast(), buf.len()) };
+                match c.as_ref() {
+                    Some(c) if got == size => c.classify(&buf[..got], size),
+                    _ => InsnInfo::UNKNOWN,
+                }
+            })
+            .collect()
+    })
+}
+
+/// Plant the inline adds of one group (or one instruction, or one block)
+/// of counts at `at`.
+fn plant(
+    score: *mut sys::qemu_plugin_scoreboard,
+    config: &Config,
+    insns: u64,
+    branches: u64,
+    classes: &[u64; 6],
+    add: &mut dyn FnMut(sys::qemu_plugin_u64, u64),
+) {
+    let c = config.counters;
+    if c.instructions && insns > 0 {
+        add(entry(score, VcpuCounts::INSTRUCTIONS), insns);
+    }
+    if c.branches && branches > 0 {
+        add(entry(score, VcpuCounts::BRANCHES), branches);
+    }
+    if c.classes {
+        for class in Class::ALL {
+            let n = classes[class as usize];
+            if n > 0 {
+                add(entry(score, VcpuCounts::class(class)), n);
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plugin_tb) {
+    let Some(p) = PLUGIN.get() else { return };
+    let op = sys::qemu_plugin_op::QEMU_PLUGIN_INLINE_ADD_U64;
+    // SAFETY: tb is the block being translated.
+    let n = unsafe { sys::qemu_plugin_tb_n_insns(tb) };
+    if n == 0 {
+        return;
+    }
+    let c = p.config.counters;
+    let need_classes = p.config.mode == Mode::Exact || c.branches || c.classes;
+    let infos = if need_classes {
+        // SAFETY: tb is the block being translated.
+        unsafe { classify_block(p.arch, tb, n) }
+    } else {
+        vec![InsnInfo::UNKNOWN; n]
+    };
+    // SAFETY (all calls below): tb and its instructions are valid during
+    // translation, the scoreboards live until exit.
+    let insn_add = |i: usize| {
+        let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+        move |e: sys::qemu_plugin_u64, imm: u64| unsafe {
+            sys::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(insn, op, e, imm)
+        }
+    };
+    match p.config.mode {
+        Mode::Exact => {
+            for g in groups(&infos) {
+                plant(
+                    p.score,
+                    &p.config,
+                    g.insns,
+                    g.branches,
+                    &g.classes,
+                    &mut insn_add(g.start),
+                );
+            }
+        }
+        Mode::Insn => {
+            for (i, info) in infos.iter().enumerate() {
+                let mut classes = [0u64; 6];
+                classes[info.class as usize] = 1;
+                plant(
+                    p.score,
+                    &p.config,
+                    1,
+                    u64::from(info.branch),
+                    &classes,
+                    &mut insn_add(i),
+                );
+            }
+        }
+        Mode::Tb => {
+            let whole = groups(&infos)
+                .iter()
+                .fold((0, 0, [0u64; 6]), |(i, b, mut cl), g| {
+                    for (a, x) in cl.iter_mut().zip(g.classes) {
+                        *a += x;
+                    }
+                    (i + g.insns, b + g.branches, cl)
+                });
+            let mut add = |e, imm| unsafe {
+                sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, e, imm)
+            };
+            plant(p.score, &p.config, whole.0, whole.1, &whole.2, &mut add);
+        }
+    }
+    if c.mem {
+        for i in 0..n {
+            let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+            for (rw, off) in [
+                (
+                    sys::qemu_plugin_mem_rw::QEMU_PLUGIN_MEM_R,
+                    VcpuCounts::MEM_LOADS,
+                ),
+                (
+                    sys::qemu_plugin_mem_rw::QEMU_PLUGIN_MEM_W,
+                    VcpuCounts::MEM_STORES,
+                ),
+            ] {
+                unsafe {
+                    sys::qemu_plugin_register_vcpu_mem_inline_per_vcpu(
+                        insn,
+                        rw,
+                        op,
+                        entry(p.score, off),
+                        1,
+                    )
+                };
+            }
+        }
+    }
+    if p.config.hot > 0 {
+        let score = unsafe { sys::qemu_plugin_scoreboard_new(8) };
+        unsafe {
+            sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, entry(score, 0), 1)
+        };
+        let first = unsafe { sys::qemu_plugin_tb_get_insn(tb, 0) };
+        let symbol = unsafe { sys::qemu_plugin_insn_symbol(first) };
+        let symbol = if symbol.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(symbol) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let d = unsafe { sys::qemu_plugin_insn_disas(first) };
+        let disas = if d.is_null() {
+            String::new()
+        } else {
+            let s = unsafe { CStr::from_ptr(d) }.to_string_lossy().into_owned();
+            unsafe { g_free(d.cast()) };
+            s
+        };
+        let e = HotEntry {
+            vaddr: unsafe { sys::qemu_plugin_tb_vaddr(tb) },
+            insns: n,
+            score,
+            symbol,
+            disas,
+        };
+        if let Ok(mut hot) = p.hot.lock() {
+            hot.push(e);
+        }
+    }
+}
+
+unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
+    let Some(p) = PLUGIN.get() else { return };
+    // SAFETY: plugin API getters on our own scoreboards (alive until freed
+    // below, after the last read).
+    let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(0) as c_uint;
+    let get = |off: usize, i: c_uint| unsafe { sys::qemu_plugin_u64_get(entry(p.score, off), i) };
+    let counts: Vec<VcpuCounts> = (0..vcpus)
+        .map(|i| VcpuCounts {
+            instructions: get(VcpuCounts::INSTRUCTIONS, i),
+            branches: get(VcpuCounts::BRANCHES, i),
+            mem_loads: get(VcpuCounts::MEM_LOADS, i),
+            mem_stores: get(VcpuCounts::MEM_STORES, i),
+            classes: Class::ALL.map(|c| get(VcpuCounts::class(c), i)),
+        })
+        .collect();
+    let mut hot: Vec<HotBlock> = Vec::new();
+    if let Ok(mut entries) = p.hot.lock() {
+        let mut by_addr: std::collections::BTreeMap<u64, HotBlock> = Default::default();
+        for e in entries.drain(..) {
+            let executions = unsafe { sys::qemu_plugin_u64_sum(entry(e.score, 0)) };
+            unsafe { sys::qemu_plugin_scoreboard_free(e.score) };
+            let b = by_addr.entry(e.vaddr).or_insert(HotBlock {
+                vaddr: e.vaddr,
+                insns: e.insns,
+                executions: 0,
+                symbol: e.symbol,
+                disas: e.disas,
+            });
+            b.executions += executions;
+        }
+        hot = by_addr.into_values().collect();
+        hot.sort_by(|a, b| b.executions.cmp(&a.executions).then(a.vaddr.cmp(&b.vaddr)));
+        hot.truncate(p.config.hot);
+    }
+    let report = Report {
+        target: p.target.clone(),
+        mode: p.config.mode,
+        counters: p.config.counters,
+        vcpus: counts,
+        hot,
+    };
+    if let Ok(mut out) = p.out.lock() {
+        if let Some(f) = out.as_mut() {
+            let text = match p.config.format {
+                Format::Json => report.to_json(),
+                Format::Csv => report.to_csv(),
+            };
+            if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| f.flush()) {
+                eprintln!("rustkvm plugin: writing the report: {e}");
+            }
+        }
+    }
+    if !p.config.quiet {
+        eprint!("{}", report.table());
+    }
+}

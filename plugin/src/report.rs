@@ -1,0 +1,330 @@
+//! What the plugin reports: per-vCPU and total counters, the hottest
+//! blocks, as JSON, CSV or a table (schema in docs/plugin.md).
+
+use std::fmt::Write as _;
+
+use crate::args::{Counters, Mode};
+use crate::classify::Class;
+
+/// One vCPU's counters: the scoreboard element QEMU's inline operations
+/// add to (`repr(C)`, each field a `u64` at a fixed offset).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VcpuCounts {
+    /// Instructions executed.
+    pub instructions: u64,
+    /// Branch instructions executed.
+    pub branches: u64,
+    /// Memory reads.
+    pub mem_loads: u64,
+    /// Memory writes.
+    pub mem_stores: u64,
+    /// Instructions per class (`Class as usize`).
+    pub classes: [u64; 6],
+}
+
+impl VcpuCounts {
+    /// Byte offset of `instructions` in the scoreboard element.
+    pub const INSTRUCTIONS: usize = 0;
+    /// Byte offset of `branches`.
+    pub const BRANCHES: usize = 8;
+    /// Byte offset of `mem_loads`.
+    pub const MEM_LOADS: usize = 16;
+    /// Byte offset of `mem_stores`.
+    pub const MEM_STORES: usize = 24;
+    /// Byte offset of `classes[c]`.
+    pub const fn class(c: Class) -> usize {
+        32 + 8 * c as usize
+    }
+
+    fn add(&mut self, o: &VcpuCounts) {
+        self.instructions += o.instructions;
+        self.branches += o.branches;
+        self.mem_loads += o.mem_loads;
+        self.mem_stores += o.mem_stores;
+        for (a, b) in self.classes.iter_mut().zip(o.classes) {
+            *a += b;
+        }
+    }
+
+    /// The enabled counters as (event name, value), in report order.
+    pub fn events(&self, c: Counters) -> Vec<(&'static str, u64)> {
+        let mut v = Vec::new();
+        if c.instructions {
+            v.push(("instructions", self.instructions));
+        }
+        if c.branches {
+            v.push(("branches", self.branches));
+        }
+        if c.mem {
+            v.push(("mem_access", self.mem_loads + self.mem_stores));
+            v.push(("mem_loads", self.mem_loads));
+            v.push(("mem_stores", self.mem_stores));
+        }
+        if c.classes {
+            for class in Class::ALL {
+                v.push((class.name(), self.classes[class as usize]));
+            }
+        }
+        v
+    }
+}
+
+/// A translated block and how often it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotBlock {
+    /// Guest virtual address of its first instruction.
+    pub vaddr: u64,
+    /// Instructions in it.
+    pub insns: usize,
+    /// Executions (all vCPUs).
+    pub executions: u64,
+    /// Symbol of its first instruction, if QEMU knows one.
+    pub symbol: String,
+    /// Disassembly of its first instruction.
+    pub disas: String,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// QEMU's target name.
+    pub target: String,
+    /// Counting mode.
+    pub mode: Mode,
+    /// Which counters.
+    pub counters: Counters,
+    /// Per vCPU, by index.
+    pub vcpus: Vec<VcpuCounts>,
+    /// Hottest blocks first.
+    pub hot: Vec<HotBlock>,
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl Report {
+    /// Sum over vCPUs.
+    pub fn total(&self) -> VcpuCounts {
+        let mut t = VcpuCounts::default();
+        for v in &self.vcpus {
+            t.add(v);
+        }
+        t
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Exact => "exact",
+            Mode::Insn => "insn",
+            Mode::Tb => "tb",
+        }
+    }
+
+    /// The JSON document.
+    pub fn to_json(&self) -> String {
+        let obj = |c: &VcpuCounts| {
+            c.events(self.counters)
+                .iter()
+                .map(|(k, v)| format!("\"{k}\": {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut s = format!(
+            "{{\n  \"schema\": \"rustkvm-plugin/1\",\n  \"target\": {},\n  \"mode\": \"{}\",\n  \"vcpus\": [\n",
+            json_str(&self.target),
+            self.mode_name()
+        );
+        let rows: Vec<String> = self
+            .vcpus
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let body = obj(c);
+                let sep = if body.is_empty() { "" } else { ", " };
+                format!("    {{\"vcpu\": {i}{sep}{body}}}")
+            })
+            .collect();
+        s += &rows.join(",\n");
+        let _ = write!(
+            s,
+            "\n  ],\n  \"total\": {{{}}},\n  \"hot_blocks\": [",
+            obj(&self.total())
+        );
+        let hot: Vec<String> = self
+            .hot
+            .iter()
+            .map(|h| {
+                format!(
+                    "\n    {{\"vaddr\": \"{:#x}\", \"insns\": {}, \"executions\": {}, \"symbol\": {}, \"disas\": {}}}",
+                    h.vaddr,
+                    h.insns,
+                    h.executions,
+                    json_str(&h.symbol),
+                    json_str(&h.disas)
+                )
+            })
+            .collect();
+        s += &hot.join(",");
+        s += if self.hot.is_empty() {
+            "]\n}\n"
+        } else {
+            "\n  ]\n}\n"
+        };
+        s
+    }
+
+    /// `scope,event,value` rows: `vcpuN`, `total`, `hot:0xADDR`.
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from("scope,event,value\n");
+        for (i, c) in self.vcpus.iter().enumerate() {
+            for (k, v) in c.events(self.counters) {
+                let _ = writeln!(s, "vcpu{i},{k},{v}");
+            }
+        }
+        for (k, v) in self.total().events(self.counters) {
+            let _ = writeln!(s, "total,{k},{v}");
+        }
+        for h in &self.hot {
+            let _ = writeln!(s, "hot:{:#x},executions,{}", h.vaddr, h.executions);
+            let _ = writeln!(s, "hot:{:#x},insns,{}", h.vaddr, h.insns);
+        }
+        s
+    }
+
+    /// A table for humans (stderr).
+    pub fn table(&self) -> String {
+        let total = self.total();
+        let events = total.events(self.counters);
+        let mut s = format!(
+            "rustkvm plugin ({}, {} counting)\n{:<18}",
+            self.target,
+            self.mode_name(),
+            "event"
+        );
+        for i in 0..self.vcpus.len() {
+            let _ = write!(s, " {:>16}", format!("vcpu{i}"));
+        }
+        let _ = writeln!(s, " {:>16}", "total");
+        for (n, (name, value)) in events.iter().enumerate() {
+            let _ = write!(s, "{name:<18}");
+            for v in &self.vcpus {
+                let _ = write!(s, " {:>16}", v.events(self.counters)[n].1);
+            }
+            let _ = writeln!(s, " {value:>16}");
+        }
+        if !self.hot.is_empty() {
+            let _ = writeln!(s, "hot blocks:");
+            for h in &self.hot {
+                let _ = writeln!(
+                    s,
+                    "  {:#018x} {:>12} x {:>3} insns  {}  {}",
+                    h.vaddr, h.executions, h.insns, h.symbol, h.disas
+                );
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        let mut a = VcpuCounts {
+            instructions: 10,
+            branches: 2,
+            mem_loads: 3,
+            mem_stores: 1,
+            ..Default::default()
+        };
+        a.classes[Class::Alu as usize] = 8;
+        Report {
+            target: "x86_64".into(),
+            mode: Mode::Exact,
+            counters: Counters {
+                instructions: true,
+                branches: true,
+                mem: true,
+                classes: false,
+            },
+            vcpus: vec![
+                a,
+                VcpuCounts {
+                    instructions: 5,
+                    ..Default::default()
+                },
+            ],
+            hot: vec![HotBlock {
+                vaddr: 0x1000,
+                insns: 4,
+                executions: 99,
+                symbol: "main".into(),
+                disas: "mov \"x\"".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn offsets_match_the_struct() {
+        let c = VcpuCounts::default();
+        let base = &c as *const _ as usize;
+        assert_eq!(
+            &c.branches as *const _ as usize - base,
+            VcpuCounts::BRANCHES
+        );
+        assert_eq!(
+            &c.mem_stores as *const _ as usize - base,
+            VcpuCounts::MEM_STORES
+        );
+        assert_eq!(
+            &c.classes[Class::Other as usize] as *const _ as usize - base,
+            VcpuCounts::class(Class::Other)
+        );
+        assert_eq!(std::mem::size_of::<VcpuCounts>(), 80);
+    }
+
+    #[test]
+    fn json_csv_and_table() {
+        let r = report();
+        let j = r.to_json();
+        assert!(j.contains("\"schema\": \"rustkvm-plugin/1\""), "{j}");
+        assert!(j.contains("{\"vcpu\": 0, \"instructions\": 10, \"branches\": 2, \"mem_access\": 4, \"mem_loads\": 3, \"mem_stores\": 1}"), "{j}");
+        assert!(j.contains("\"total\": {\"instructions\": 15,"), "{j}");
+        assert!(j.contains("\"disas\": \"mov \\\"x\\\"\""), "escaped: {j}");
+        let c = r.to_csv();
+        assert!(
+            c.starts_with("scope,event,value\nvcpu0,instructions,10\n"),
+            "{c}"
+        );
+        assert!(
+            c.contains("total,mem_access,4\n") && c.contains("hot:0x1000,executions,99\n"),
+            "{c}"
+        );
+        let t = r.table();
+        assert!(
+            t.contains("instructions") && t.contains("15") && t.contains("main"),
+            "{t}"
+        );
+        let empty = Report {
+            hot: vec![],
+            vcpus: vec![],
+            ..r
+        };
+        assert!(empty.to_json().ends_with("\"hot_blocks\": []\n}\n"));
+    }
+}
