@@ -216,8 +216,8 @@ impl Classifier {
                 || in_group(InsnGroupType::CS_GRP_RET)
                 || in_group(InsnGroupType::CS_GRP_IRET)
                 || in_group(InsnGroupType::CS_GRP_BRANCH_RELATIVE) && mnemonic != "adr";
-            let system = in_group(InsnGroupType::CS_GRP_INT)
-                || in_group(InsnGroupType::CS_GRP_PRIVILEGE);
+            let system =
+                in_group(InsnGroupType::CS_GRP_INT) || in_group(InsnGroupType::CS_GRP_PRIVILEGE);
             let ops = detail.arch_detail().operands();
             let mut mem = false;
             let mut special_reg = false;
