@@ -58,6 +58,16 @@ pub struct Config {
     pub format: Format,
     /// No table on stderr.
     pub quiet: bool,
+    /// Count only instructions at addresses in `[start, end)`.
+    pub range: Option<(u64, u64)>,
+    /// Count only instructions in this symbol (QEMU's symbol lookup).
+    pub symbol: Option<String>,
+    /// Stop QEMU once a vCPU has executed this many counted instructions
+    /// (at the next block boundary; 0: never).
+    pub limit: u64,
+    /// Record every vCPU's counters each time it executes this many more
+    /// counted instructions (at block boundaries; 0: never).
+    pub interval: u64,
 }
 
 impl Default for Config {
@@ -74,6 +84,10 @@ impl Default for Config {
             outfile: None,
             format: Format::Json,
             quiet: false,
+            range: None,
+            symbol: None,
+            limit: 0,
+            interval: 0,
         }
     }
 }
@@ -99,13 +113,25 @@ impl fmt::Display for ArgError {
 
 impl std::error::Error for ArgError {}
 
-const KEYS: &str = "mode=, counters=, hot=, outfile=, format=, quiet=";
+const KEYS: &str =
+    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=";
+const RANGE: &str =
+    "filter=START-END (guest virtual addresses, hex with 0x or decimal, START < END)";
+const LIMIT: &str = "limit=N (instructions, 1 or more)";
+const INTERVAL: &str = "interval=N (instructions, 1000 or more)";
 const MODES: &str = "mode=exact|insn|tb";
 const COUNTERS: &str =
     "counters=LIST of instructions,branches,mem,classes,all (joined with '+', or counters= repeated: QEMU splits arguments at commas)";
 const FORMATS: &str = "format=json|csv";
 const BOOLS: &str = "quiet=on|off|true|false";
 const HOT: &str = "hot=N (blocks to report, 0 to 1000000)";
+
+fn number(v: &str) -> Option<u64> {
+    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
 
 fn boolean(v: &str) -> Option<bool> {
     match v {
@@ -188,6 +214,25 @@ impl Config {
                     }
                 }
                 "quiet" => c.quiet = boolean(value).ok_or_else(|| bad(BOOLS))?,
+                "filter" => {
+                    let (a, b) = value.split_once('-').ok_or_else(|| bad(RANGE))?;
+                    let (a, b) = (number(a), number(b));
+                    c.range = Some(a.zip(b).filter(|(a, b)| a < b).ok_or_else(|| bad(RANGE))?);
+                }
+                "symbol" => {
+                    if value.is_empty() {
+                        return Err(bad(
+                            "symbol=NAME (a symbol QEMU knows from the guest image)",
+                        ));
+                    }
+                    c.symbol = Some(value.to_string());
+                }
+                "limit" => c.limit = number(value).filter(|n| *n > 0).ok_or_else(|| bad(LIMIT))?,
+                "interval" => {
+                    c.interval = number(value)
+                        .filter(|n| *n >= 1000)
+                        .ok_or_else(|| bad(INTERVAL))?
+                }
                 _ => return Err(bad(KEYS)),
             }
         }
@@ -232,6 +277,16 @@ mod tests {
         let c = Config::parse(["outfile=/tmp/x.csv", "format=json", "counters=all"]).unwrap();
         assert_eq!(c.format, Format::Json, "an explicit format wins");
         assert!(c.counters.classes && c.counters.mem && c.counters.branches);
+        let c = Config::parse([
+            "filter=0x1000-0x2000",
+            "symbol=main",
+            "limit=1000000",
+            "interval=0x10000",
+        ])
+        .unwrap();
+        assert_eq!(c.range, Some((0x1000, 0x2000)));
+        assert_eq!(c.symbol.as_deref(), Some("main"));
+        assert_eq!((c.limit, c.interval), (1_000_000, 0x10000));
     }
 
     #[test]
@@ -245,6 +300,11 @@ mod tests {
             ("quiet=maybe", BOOLS),
             ("colour=on", KEYS),
             ("verbose", KEYS),
+            ("filter=0x2000-0x1000", RANGE),
+            ("filter=0x1000", RANGE),
+            ("filter=a-b", RANGE),
+            ("limit=0", LIMIT),
+            ("interval=10", INTERVAL),
         ] {
             let e = Config::parse([arg]).unwrap_err();
             assert_eq!(e.accepted, accepted, "{arg}");

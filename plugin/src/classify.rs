@@ -111,9 +111,22 @@ pub struct Group {
 /// Split a block's instructions into groups: a group ends after an
 /// instruction that may exit (and at the end of the block).
 pub fn groups(insns: &[InsnInfo]) -> Vec<Group> {
+    groups_of(insns, |_| true)
+}
+
+/// As [`groups`], counting only the instructions `counted(i)` says: a group
+/// also ends before an instruction that is not counted.
+pub fn groups_of(insns: &[InsnInfo], counted: impl Fn(usize) -> bool) -> Vec<Group> {
     let mut out = Vec::new();
     let mut g = Group::default();
     for (i, info) in insns.iter().enumerate() {
+        if !counted(i) {
+            if g.insns > 0 {
+                out.push(g);
+                g = Group::default();
+            }
+            continue;
+        }
         if g.insns == 0 {
             g.start = i;
         }
@@ -446,5 +459,16 @@ mod tests {
             }]
         );
         assert!(groups(&[]).is_empty());
+        // Only instructions 1..=3 counted (an address filter).
+        let g = groups_of(&[alu, alu, alu, alu, alu], |i| (1..=3).contains(&i));
+        assert_eq!(
+            g.iter().map(|g| (g.start, g.insns)).collect::<Vec<_>>(),
+            vec![(1, 3)]
+        );
+        let g = groups_of(&[alu, alu, alu], |i| i != 1);
+        assert_eq!(
+            g.iter().map(|g| (g.start, g.insns)).collect::<Vec<_>>(),
+            vec![(0, 1), (2, 1)]
+        );
     }
 }

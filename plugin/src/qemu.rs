@@ -16,8 +16,8 @@ use std::sync::{Mutex, OnceLock};
 use qemu_plugin_sys as sys;
 
 use crate::args::{Config, Format, Mode};
-use crate::classify::{groups, Arch, Class, Classifier, InsnInfo};
-use crate::report::{HotBlock, Report, VcpuCounts};
+use crate::classify::{groups_of, Arch, Class, Classifier, InsnInfo};
+use crate::report::{HotBlock, Interval, Report, VcpuCounts};
 
 /// The plugin API version QEMU checks before calling `qemu_plugin_install`.
 #[unsafe(no_mangle)]
@@ -45,6 +45,7 @@ struct Plugin {
     /// One `VcpuCounts` per vCPU.
     score: *mut sys::qemu_plugin_scoreboard,
     hot: Mutex<Vec<HotEntry>>,
+    intervals: Mutex<Vec<Interval>>,
     out: Mutex<Option<File>>,
 }
 
@@ -132,6 +133,7 @@ unsafe fn install(
         target,
         score,
         hot: Mutex::new(Vec::new()),
+        intervals: Mutex::new(Vec::new()),
         out: Mutex::new(out),
     };
     PLUGIN
@@ -185,8 +187,12 @@ fn plant(
     add: &mut dyn FnMut(sys::qemu_plugin_u64, u64),
 ) {
     let c = config.counters;
-    if c.instructions && insns > 0 {
+    // limit= and interval= watch the instruction count: keep it then too.
+    if (c.instructions || config.limit > 0 || config.interval > 0) && insns > 0 {
         add(entry(score, VcpuCounts::INSTRUCTIONS), insns);
+    }
+    if config.interval > 0 && insns > 0 {
+        add(entry(score, VcpuCounts::SINCE_INTERVAL), insns);
     }
     if c.branches && branches > 0 {
         add(entry(score, VcpuCounts::BRANCHES), branches);
@@ -217,6 +223,30 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     } else {
         vec![InsnInfo::UNKNOWN; n]
     };
+    // filter= and symbol=: which instructions are counted at all.
+    let counted: Vec<bool> = (0..n)
+        .map(|i| {
+            if p.config.range.is_none() && p.config.symbol.is_none() {
+                return true;
+            }
+            // SAFETY: i < n instructions of the block being translated.
+            let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+            let in_range = p.config.range.is_none_or(|(a, b)| {
+                // SAFETY: as above.
+                let va = unsafe { sys::qemu_plugin_insn_vaddr(insn) };
+                (a..b).contains(&va)
+            });
+            in_range
+                && p.config.symbol.as_deref().is_none_or(|want| {
+                    // SAFETY: as above; QEMU returns NULL or a static string.
+                    let s = unsafe { sys::qemu_plugin_insn_symbol(insn) };
+                    !s.is_null() && unsafe { CStr::from_ptr(s) }.to_bytes() == want.as_bytes()
+                })
+        })
+        .collect();
+    if !counted.iter().any(|&c| c) {
+        return;
+    }
     // SAFETY (all calls below): tb and its instructions are valid during
     // translation, the scoreboards live until exit.
     let insn_add = |i: usize| {
@@ -227,7 +257,7 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     };
     match p.config.mode {
         Mode::Exact => {
-            for g in groups(&infos) {
+            for g in groups_of(&infos, |i| counted[i]) {
                 plant(
                     p.score,
                     &p.config,
@@ -239,7 +269,7 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
             }
         }
         Mode::Insn => {
-            for (i, info) in infos.iter().enumerate() {
+            for (i, info) in infos.iter().enumerate().filter(|(i, _)| counted[*i]) {
                 let mut classes = [0u64; 6];
                 classes[info.class as usize] = 1;
                 plant(
@@ -253,22 +283,44 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
             }
         }
         Mode::Tb => {
-            let whole = groups(&infos)
-                .iter()
-                .fold((0, 0, [0u64; 6]), |(i, b, mut cl), g| {
+            let whole = groups_of(&infos, |i| counted[i]).iter().fold(
+                (0, 0, [0u64; 6]),
+                |(i, b, mut cl), g| {
                     for (a, x) in cl.iter_mut().zip(g.classes) {
                         *a += x;
                     }
                     (i + g.insns, b + g.branches, cl)
-                });
+                },
+            );
             let mut add = |e, imm| unsafe {
                 sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, e, imm)
             };
             plant(p.score, &p.config, whole.0, whole.1, &whole.2, &mut add);
         }
     }
+    let cond = |entry_off: usize, imm: u64, cb: sys::qemu_plugin_vcpu_udata_cb_t| unsafe {
+        sys::qemu_plugin_register_vcpu_tb_exec_cond_cb(
+            tb,
+            cb,
+            sys::qemu_plugin_cb_flags::QEMU_PLUGIN_CB_NO_REGS,
+            sys::qemu_plugin_cond::QEMU_PLUGIN_COND_GE,
+            entry(p.score, entry_off),
+            imm,
+            std::ptr::null_mut(),
+        )
+    };
+    if p.config.limit > 0 {
+        cond(VcpuCounts::INSTRUCTIONS, p.config.limit, Some(on_limit));
+    }
+    if p.config.interval > 0 {
+        cond(
+            VcpuCounts::SINCE_INTERVAL,
+            p.config.interval,
+            Some(on_interval),
+        );
+    }
     if c.mem {
-        for i in 0..n {
+        for i in (0..n).filter(|i| counted[*i]) {
             let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
             for (rw, off) in [
                 (
@@ -327,21 +379,49 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     }
 }
 
+/// One vCPU's counters now.
+fn read_counts(p: &Plugin, i: c_uint) -> VcpuCounts {
+    // SAFETY: plugin API getter on our own scoreboard (alive until exit).
+    let get = |off: usize| unsafe { sys::qemu_plugin_u64_get(entry(p.score, off), i) };
+    VcpuCounts {
+        instructions: get(VcpuCounts::INSTRUCTIONS),
+        branches: get(VcpuCounts::BRANCHES),
+        mem_loads: get(VcpuCounts::MEM_LOADS),
+        mem_stores: get(VcpuCounts::MEM_STORES),
+        classes: Class::ALL.map(|c| get(VcpuCounts::class(c))),
+        since_interval: 0,
+    }
+}
+
+/// `limit=` reached on `vcpu`: stop QEMU (the report is written by the
+/// exit callback, which QEMU runs from `exit`).
+unsafe extern "C" fn on_limit(vcpu: c_uint, _data: *mut c_void) {
+    if let Some(p) = PLUGIN.get() {
+        eprintln!(
+            "rustkvm plugin: vCPU {vcpu} reached limit={} instructions: stopping",
+            p.config.limit
+        );
+    }
+    std::process::exit(0);
+}
+
+/// `interval=` crossed on `vcpu`: record its counters, restart the interval.
+unsafe extern "C" fn on_interval(vcpu: c_uint, _data: *mut c_void) {
+    let Some(p) = PLUGIN.get() else { return };
+    let counts = read_counts(p, vcpu);
+    // SAFETY: our own scoreboard; this vCPU's slot, on its own thread.
+    unsafe { sys::qemu_plugin_u64_set(entry(p.score, VcpuCounts::SINCE_INTERVAL), vcpu, 0) };
+    if let Ok(mut v) = p.intervals.lock() {
+        v.push(Interval { vcpu, counts });
+    }
+}
+
 unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
     let Some(p) = PLUGIN.get() else { return };
     // SAFETY: plugin API getters on our own scoreboards (alive until freed
     // below, after the last read).
     let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(0) as c_uint;
-    let get = |off: usize, i: c_uint| unsafe { sys::qemu_plugin_u64_get(entry(p.score, off), i) };
-    let counts: Vec<VcpuCounts> = (0..vcpus)
-        .map(|i| VcpuCounts {
-            instructions: get(VcpuCounts::INSTRUCTIONS, i),
-            branches: get(VcpuCounts::BRANCHES, i),
-            mem_loads: get(VcpuCounts::MEM_LOADS, i),
-            mem_stores: get(VcpuCounts::MEM_STORES, i),
-            classes: Class::ALL.map(|c| get(VcpuCounts::class(c), i)),
-        })
-        .collect();
+    let counts: Vec<VcpuCounts> = (0..vcpus).map(|i| read_counts(p, i)).collect();
     let mut hot: Vec<HotBlock> = Vec::new();
     if let Ok(mut entries) = p.hot.lock() {
         let mut by_addr: std::collections::BTreeMap<u64, HotBlock> = Default::default();
@@ -367,6 +447,7 @@ unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
         counters: p.config.counters,
         vcpus: counts,
         hot,
+        intervals: p.intervals.lock().map(|v| v.clone()).unwrap_or_default(),
     };
     if let Ok(mut out) = p.out.lock() {
         if let Some(f) = out.as_mut() {

@@ -21,6 +21,9 @@ pub struct VcpuCounts {
     pub mem_stores: u64,
     /// Instructions per class (`Class as usize`).
     pub classes: [u64; 6],
+    /// Counted instructions since the last interval record (bookkeeping,
+    /// not reported).
+    pub since_interval: u64,
 }
 
 impl VcpuCounts {
@@ -36,6 +39,8 @@ impl VcpuCounts {
     pub const fn class(c: Class) -> usize {
         32 + 8 * c as usize
     }
+    /// Byte offset of `since_interval`.
+    pub const SINCE_INTERVAL: usize = 80;
 
     fn add(&mut self, o: &VcpuCounts) {
         self.instructions += o.instructions;
@@ -85,6 +90,15 @@ pub struct HotBlock {
     pub disas: String,
 }
 
+/// One vCPU's counters when it crossed an `interval=` boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interval {
+    /// The vCPU.
+    pub vcpu: u32,
+    /// Its counters then (cumulative).
+    pub counts: VcpuCounts,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -98,6 +112,8 @@ pub struct Report {
     pub vcpus: Vec<VcpuCounts>,
     /// Hottest blocks first.
     pub hot: Vec<HotBlock>,
+    /// Interval records, in the order they were taken.
+    pub intervals: Vec<Interval>,
 }
 
 fn json_str(s: &str) -> String {
@@ -180,6 +196,18 @@ impl Report {
             .collect();
         s += &hot.join(",");
         s += if self.hot.is_empty() {
+            "],\n"
+        } else {
+            "\n  ],\n"
+        };
+        s += "  \"intervals\": [";
+        let iv: Vec<String> = self
+            .intervals
+            .iter()
+            .map(|i| format!("\n    {{\"vcpu\": {}, {}}}", i.vcpu, obj(&i.counts)))
+            .collect();
+        s += &iv.join(",");
+        s += if self.intervals.is_empty() {
             "]\n}\n"
         } else {
             "\n  ]\n}\n"
@@ -201,6 +229,11 @@ impl Report {
         for h in &self.hot {
             let _ = writeln!(s, "hot:{:#x},executions,{}", h.vaddr, h.executions);
             let _ = writeln!(s, "hot:{:#x},insns,{}", h.vaddr, h.insns);
+        }
+        for (n, i) in self.intervals.iter().enumerate() {
+            for (k, v) in i.counts.events(self.counters) {
+                let _ = writeln!(s, "interval{n}:vcpu{},{k},{v}", i.vcpu);
+            }
         }
         s
     }
@@ -276,6 +309,13 @@ mod tests {
                 symbol: "main".into(),
                 disas: "mov \"x\"".into(),
             }],
+            intervals: vec![Interval {
+                vcpu: 1,
+                counts: VcpuCounts {
+                    instructions: 4,
+                    ..Default::default()
+                },
+            }],
         }
     }
 
@@ -295,7 +335,11 @@ mod tests {
             &c.classes[Class::Other as usize] as *const _ as usize - base,
             VcpuCounts::class(Class::Other)
         );
-        assert_eq!(std::mem::size_of::<VcpuCounts>(), 80);
+        assert_eq!(
+            &c.since_interval as *const _ as usize - base,
+            VcpuCounts::SINCE_INTERVAL
+        );
+        assert_eq!(std::mem::size_of::<VcpuCounts>(), 88);
     }
 
     #[test]
@@ -320,11 +364,19 @@ mod tests {
             t.contains("instructions") && t.contains("15") && t.contains("main"),
             "{t}"
         );
+        assert!(
+            j.contains("\"intervals\": [\n    {\"vcpu\": 1, \"instructions\": 4,"),
+            "{j}"
+        );
+        assert!(c.contains("interval0:vcpu1,instructions,4\n"), "{c}");
         let empty = Report {
             hot: vec![],
             vcpus: vec![],
+            intervals: vec![],
             ..r
         };
-        assert!(empty.to_json().ends_with("\"hot_blocks\": []\n}\n"));
+        assert!(empty
+            .to_json()
+            .ends_with("\"hot_blocks\": [],\n  \"intervals\": []\n}\n"));
     }
 }

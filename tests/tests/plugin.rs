@@ -251,3 +251,73 @@ fn bad_arguments_and_unwritable_outfiles_are_refused_at_load() {
         assert!(err.contains("Could not load plugin"), "{arg}: {err}");
     }
 }
+
+/// Run `guest` on x86_64 with one copy of our plugin per argument set, in
+/// one QEMU process (counts of separate processes drift by a few
+/// instructions); the JSON reports and stderr.
+fn run_ours(guest: &str, arg_sets: &[&str]) -> (Vec<Value>, String) {
+    let exe = qemu::emulator(Arch::X86_64).expect("built");
+    let dir = scratch(&format!("ours-{guest}-{}", arg_sets.join("").len()));
+    let ours = qemu::rustkvm_plugin().expect("plugin built");
+    let mut plugins = Vec::new();
+    for (i, args) in arg_sets.iter().enumerate() {
+        let copy = dir.join(format!("copy{i}.so"));
+        std::fs::copy(&ours, &copy).unwrap();
+        let out = dir.join(format!("r{i}.json"));
+        plugins.push((copy, format!("quiet=on,outfile={},{args}", out.display())));
+    }
+    let stderr = boot(&exe, Arch::X86_64, guest, 1, &plugins);
+    let reports = (0..arg_sets.len())
+        .map(|i| json(&dir.join(format!("r{i}.json"))))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    (reports, stderr)
+}
+
+fn total(r: &Value) -> u64 {
+    r["total"]["instructions"].as_u64().expect("instructions")
+}
+
+#[test]
+fn address_and_symbol_filters_count_only_what_they_select() {
+    let (r, _) = run_ours(
+        "hello",
+        &[
+            "counters=all",
+            "counters=all,filter=0-0xffffffffffffffff",
+            "filter=0xfff00000000-0xfff00001000",
+            "symbol=guest_main",
+        ],
+    );
+    assert_eq!(r[0]["total"], r[1]["total"], "a filter over everything");
+    assert_eq!(total(&r[2]), 0, "{}", r[2]);
+    let n = total(&r[3]);
+    assert!(
+        n > 0 && n < total(&r[0]) / 100,
+        "guest_main alone: {n} of {}",
+        total(&r[0])
+    );
+}
+
+#[test]
+fn limit_stops_qemu_and_intervals_are_recorded() {
+    let (r, stderr) = run_ours("plugin-workload", &["limit=1000000"]);
+    assert!(stderr.contains("reached limit=1000000"), "{stderr}");
+    let n = total(&r[0]);
+    assert!((1_000_000..1_010_000).contains(&n), "stopped at {n}");
+    let (r, _) = run_ours("hello", &["interval=1000000"]);
+    let marks: Vec<u64> = r[0]["intervals"]
+        .as_array()
+        .expect("intervals")
+        .iter()
+        .filter_map(|i| i["instructions"].as_u64())
+        .collect();
+    assert_eq!(marks.len() as u64, total(&r[0]) / 1_000_000, "{marks:?}");
+    for (k, m) in marks.iter().enumerate() {
+        let want = (k as u64 + 1) * 1_000_000;
+        assert!(
+            *m >= want && *m < want + 10_000 * (k as u64 + 1),
+            "{marks:?}"
+        );
+    }
+}
