@@ -8,10 +8,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 runs=${1:-5}
-bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null
-bash "$RUSTKVM_ROOT/scripts/build-guests.sh" >/dev/null
+bench_prepare_guests
 cd "$RUSTKVM_ROOT"
-cargo build --release --quiet -p rustkvm-tests --bin rustkvm-run
 printf '%-4s %18s %15s %15s %22s %20s\n' run rustkvm_smccc_ns tcg_psci_ns rustkvm_psci_ns smccc/tcg_psci psci_rustkvm/tcg
 for i in $(seq 1 "$runs"); do
     rk=$(target/release/rustkvm-run --arch aarch64 --backend rustkvm --variant default arm-hvc-cost 2>/dev/null)

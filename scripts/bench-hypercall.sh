@@ -6,10 +6,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 runs=${1:-5}
-bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null
-bash "$RUSTKVM_ROOT/scripts/build-guests.sh" >/dev/null
+bench_prepare_guests
 cd "$RUSTKVM_ROOT"
-cargo build --release --quiet -p rustkvm-tests --bin rustkvm-run
 printf '%-4s %14s %13s %16s\n' run vmcall_cycles cpuid_cycles vmcall/cpuid
 for i in $(seq 1 "$runs"); do
     out=$(target/release/rustkvm-run --arch x86_64 --backend rustkvm --variant default x86-hypercall-cost 2>/dev/null)

@@ -9,8 +9,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 runs=${1:-5}
 arch=${2:-x86_64}
-bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null
-bash "$RUSTKVM_ROOT/scripts/build-guests.sh" >/dev/null
+bench_prepare_guests
 cd "$RUSTKVM_ROOT"
 cargo build --release --quiet -p rustkvm-plugin || die "building the plugin failed"
 qemu=$(bash scripts/qemu-path "$arch")

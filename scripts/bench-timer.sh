@@ -7,10 +7,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 runs=${1:-5}
-bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null
-bash "$RUSTKVM_ROOT/scripts/build-guests.sh" >/dev/null
+bench_prepare_guests
 cd "$RUSTKVM_ROOT"
-cargo build --release --quiet -p rustkvm-tests --bin rustkvm-run
 get() { awk -v k="$1" '$1 == k { print $2; exit }'; }
 printf '%-4s %22s %20s %22s %24s\n' run rustkvm_deadline_ns tcg_oneshot_ns rustkvm_oneshot_ns deadline/tcg_oneshot
 for i in $(seq 1 "$runs"); do

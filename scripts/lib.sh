@@ -9,3 +9,12 @@ _step=""
 step() { _step="$*"; printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 ok() { printf '    %s\n' "$*" >&2; }
 die() { printf 'rustkvm: step "%s" failed: %s\n' "${_step:-?}" "$*" >&2; exit 1; }
+
+# Benchmarks over the bundled guests: build QEMU, the guests and the guest
+# runner (quietly: the benchmark's own output is the table).
+bench_prepare_guests() {
+    bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null
+    bash "$RUSTKVM_ROOT/scripts/build-guests.sh" >/dev/null
+    (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-tests --bin rustkvm-run) \
+        || die "building rustkvm-run failed"
+}

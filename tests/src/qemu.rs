@@ -45,7 +45,7 @@ impl Arch {
     }
 
     /// Machine, board devices and exit mechanism for the bundled guests.
-    fn machine_args(self) -> &'static [&'static str] {
+    pub fn machine_args(self) -> &'static [&'static str] {
         match self {
             Arch::X86_64 => &["-M", "pc", "-device", "isa-debug-exit,iobase=0xf4,iosize=4"],
             Arch::Aarch64 => &[

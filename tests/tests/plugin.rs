@@ -20,35 +20,16 @@ fn stock(arch: Arch) -> PathBuf {
 }
 
 fn machine(arch: Arch, smp: u32) -> Vec<String> {
-    let mut v: Vec<String> = match arch {
-        Arch::X86_64 => vec!["-M", "pc", "-device", "isa-debug-exit,iobase=0xf4,iosize=4"],
-        Arch::Aarch64 => vec![
-            "-M",
-            "virt",
-            "-cpu",
-            "max",
-            "-semihosting-config",
-            "enable=on,target=native",
-        ],
-    }
-    .into_iter()
-    .map(String::from)
-    .collect();
-    v.extend(
-        [
-            "-smp",
-            &smp.to_string(),
-            "-display",
-            "none",
-            "-serial",
-            "none",
-            "-monitor",
-            "none",
-            "-nodefaults",
-        ]
-        .map(String::from),
-    );
-    v
+    let smp = smp.to_string();
+    let rest = [
+        "-smp", &smp, "-display", "none", "-serial", "none", "-monitor", "none",
+    ];
+    arch.machine_args()
+        .iter()
+        .chain(rest.iter())
+        .chain(["-nodefaults"].iter())
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// A scratch directory per test.

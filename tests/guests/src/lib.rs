@@ -15,6 +15,7 @@
 
 pub mod arch;
 pub mod console;
+pub mod cross;
 
 use core::fmt::{self, Write};
 

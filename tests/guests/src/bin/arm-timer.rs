@@ -80,7 +80,6 @@ mod gic {
 
 #[cfg(target_arch = "aarch64")]
 mod timer {
-    use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use guest::{read_sysreg, write_sysreg};
 
     /// The virtual timer's PPI on the virt board (KVM's default too).
@@ -92,12 +91,8 @@ mod timer {
     /// CNT*_CTL_EL0.ISTATUS.
     pub const CTL_ISTATUS: u64 = 1 << 2;
 
-    /// Ping-pong between the vCPUs: the counter value last published.
-    pub static PUBLISHED: AtomicU64 = AtomicU64::new(0);
-    /// Set by vCPU 1 when it saw a published value larger than its own read.
-    pub static BACKWARDS: AtomicBool = AtomicBool::new(false);
-    /// Rounds vCPU 1 completed.
-    pub static ROUNDS: AtomicU64 = AtomicU64::new(0);
+    /// The counter, read on both vCPUs.
+    pub static CROSS: guest::cross::CrossCheck = guest::cross::CrossCheck::new();
 
     /// CNTPCT_EL0.
     pub fn cntpct() -> u64 {
@@ -148,29 +143,14 @@ mod timer {
         }
     }
 
-    /// vCPU 1: read the counter after each value vCPU 0 publishes; a read
-    /// below the published value means time went backwards across vCPUs.
+    /// vCPU 1: follow vCPU 0's counter readings with its own.
     pub fn secondary() {
-        let mut seen = 0;
-        while ROUNDS.load(Ordering::Acquire) < 1000 {
-            let p = PUBLISHED.load(Ordering::Acquire);
-            if p == seen {
-                core::hint::spin_loop();
-                continue;
-            }
-            let mine = guest::arch::cntvct();
-            if mine.wrapping_sub(p) > u64::MAX / 2 {
-                BACKWARDS.store(true, Ordering::Release);
-            }
-            seen = p;
-            ROUNDS.fetch_add(1, Ordering::AcqRel);
-        }
+        CROSS.follow(guest::arch::cntvct);
     }
 }
 
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
-    use core::sync::atomic::Ordering;
     use guest::arch;
     use timer::*;
 
@@ -187,34 +167,17 @@ fn main(t: &mut Test) {
 
     // Counter monotonic across vCPUs.
     if arch::cpu_on(1, secondary) == 0 {
-        // Up to 1000 rounds or 300 ms of counter time (round-robin TCG
-        // switches vCPUs only every few tens of ms).
-        let mut round = 0;
         let t0 = arch::cntvct();
-        while arch::cntvct().wrapping_sub(t0) < frq * 3 / 10 {
-            let done = ROUNDS.load(Ordering::Acquire);
-            if done >= 1000 {
-                break;
-            }
-            if done == round {
-                PUBLISHED.store(arch::cntvct(), Ordering::Release);
-                round += 1;
-            }
-            core::hint::spin_loop();
-        }
-        let rounds = ROUNDS.load(Ordering::Acquire);
-        ROUNDS.store(1000, Ordering::Release);
+        let (rounds, backwards) = CROSS.lead(arch::cntvct, || {
+            arch::cntvct().wrapping_sub(t0) < frq * 3 / 10
+        });
         t.check(
             "cross-vcpu-rounds",
             rounds >= 1,
             format_args!("{rounds} rounds"),
         );
         t.measure("cross-vcpu.rounds", format_args!("{rounds}"));
-        t.eq(
-            "counter-never-backwards-across-vcpus",
-            BACKWARDS.load(Ordering::Acquire),
-            false,
-        );
+        t.eq("counter-never-backwards-across-vcpus", backwards, false);
     }
 
     // Each timer: armed 5 ms ahead, nothing pending before the deadline,

@@ -23,7 +23,7 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "x86_64")]
 mod kc {
-    use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use core::sync::atomic::{AtomicBool, Ordering};
     use guest::arch;
 
     /// MSR_KVM_WALL_CLOCK_NEW.
@@ -74,9 +74,7 @@ mod kc {
         sec: 0,
         nsec: 0,
     };
-    pub static PUBLISHED: AtomicU64 = AtomicU64::new(0);
-    pub static ROUNDS: AtomicU64 = AtomicU64::new(0);
-    pub static BACKWARDS: AtomicBool = AtomicBool::new(false);
+    pub static CROSS: guest::cross::CrossCheck = guest::cross::CrossCheck::new();
     pub static AP_READY: AtomicBool = AtomicBool::new(false);
 
     /// `pvclock_clocksource_read` without the stable-bit shortcut: retry
@@ -123,19 +121,7 @@ mod kc {
             return;
         }
         AP_READY.store(true, Ordering::Release);
-        let mut seen = 0;
-        while ROUNDS.load(Ordering::Acquire) < 1000 {
-            let p = PUBLISHED.load(Ordering::Acquire);
-            if p == seen {
-                core::hint::spin_loop();
-                continue;
-            }
-            if read(&raw const AP).0 < p {
-                BACKWARDS.store(true, Ordering::Release);
-            }
-            seen = p;
-            ROUNDS.fetch_add(1, Ordering::AcqRel);
-        }
+        CROSS.follow(|| read(&raw const AP).0);
     }
 }
 
@@ -219,27 +205,14 @@ fn main(t: &mut Test) {
     while !AP_READY.load(Ordering::Acquire) && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
         core::hint::spin_loop();
     }
-    let mut round = 0;
     let start = read(&raw const BSP).0;
-    while read(&raw const BSP).0 - start < 300_000_000 {
-        let done = ROUNDS.load(Ordering::Acquire);
-        if done >= 1000 {
-            break;
-        }
-        if done == round {
-            PUBLISHED.store(read(&raw const BSP).0, Ordering::Release);
-            round += 1;
-        }
-    }
-    let rounds = ROUNDS.load(Ordering::Acquire);
-    ROUNDS.store(1000, Ordering::Release);
+    let (rounds, backwards) = CROSS.lead(
+        || read(&raw const BSP).0,
+        || read(&raw const BSP).0 - start < 300_000_000,
+    );
     t.measure("cross-vcpu.rounds", format_args!("{rounds}"));
     t.check("cross-vcpu-rounds", rounds >= 1, format_args!("{rounds}"));
-    t.eq(
-        "never-backwards-across-vcpus",
-        BACKWARDS.load(Ordering::Acquire),
-        false,
-    );
+    t.eq("never-backwards-across-vcpus", backwards, false);
 
     // Outside RAM: accepted, read back, nothing breaks.
     t.eq(
