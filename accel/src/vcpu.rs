@@ -441,10 +441,7 @@ impl Vcpu {
     #[inline]
     pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
         bump(&self.routes.hypercall);
-        let host = &self.shared.host;
-        hypercall::handle(call, hypercall::Enforce(None), &mut |apic, icr| {
-            host.send_ipi(apic, icr)
-        })
+        hypercall::handle(call, hypercall::Enforce(None), &mut HypercallServices(self))
     }
 
     /// Record a KVM_HC_KICK_CPU aimed at this vCPU.
@@ -515,6 +512,28 @@ fn realtime_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The vCPU as the hypercall handler sees it.
+struct HypercallServices<'a>(&'a Vcpu);
+
+impl hypercall::Services for HypercallServices<'_> {
+    fn send_ipi(&mut self, apic_id: u32, icr: u32) -> bool {
+        self.0.shared.host.send_ipi(apic_id, icr)
+    }
+
+    /// `struct kvm_clock_pairing` (64 bytes): sec, nsec, tsc, flags 0, pad.
+    fn clock_pairing(&mut self, gpa: u64) -> bool {
+        let v = self.0;
+        let now = v.shared.virtual_ns();
+        let tsc = v.lock().clock.tsc(v.shared.tsc_rate(), now);
+        let real = realtime_ns();
+        let mut buf = [0u8; 64];
+        buf[0..8].copy_from_slice(&(real / 1_000_000_000).to_le_bytes());
+        buf[8..16].copy_from_slice(&(real % 1_000_000_000).to_le_bytes());
+        buf[16..24].copy_from_slice(&tsc.to_le_bytes());
+        v.shared.host.write(gpa, &buf)
+    }
 }
 
 /// The vCPU as the SMCCC handler sees it.

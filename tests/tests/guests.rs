@@ -166,11 +166,11 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
     for variant in Variant::ALL {
         let r = run::run(t, Arch::X86_64, variant, Backend::Rustkvm).expect("ran");
         assert_pass(&r, variant);
-        // 15 hypercalls of the guest's own (3 of them around the switch to
-        // compatibility mode), each routed into Rust.
+        // 18 hypercalls of the guest's own (2 of them in compatibility
+        // mode, 3 clock pairings), each routed into Rust.
         assert_eq!(
             r.outcome.routes.get("hypercall"),
-            Some(&15),
+            Some(&18),
             "{variant}: {}",
             r.outcome.stderr
         );

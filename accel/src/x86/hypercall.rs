@@ -29,6 +29,10 @@ pub const KVM_EPERM: u64 = 1;
 pub const KVM_EOPNOTSUPP: u64 = 95;
 /// KVM_EINVAL: invalid argument.
 pub const KVM_EINVAL: u64 = 22;
+/// KVM_EFAULT: the guest address could not be written.
+pub const KVM_EFAULT: u64 = 14;
+/// KVM_CLOCK_PAIRING_WALLCLOCK: the only clock type KVM_HC_CLOCK_PAIRING knows.
+pub const KVM_CLOCK_PAIRING_WALLCLOCK: u64 = 0;
 
 /// ICR bit 11: logical destination mode (KVM_HC_SEND_IPI refuses it).
 pub const APIC_DEST_MASK: u64 = 0x800;
@@ -97,10 +101,21 @@ impl Enforce {
     }
 }
 
-/// Decode and execute a hypercall. KVM_HC_SEND_IPI calls `send_ipi(apic_id,
-/// icr)` for each addressed vCPU (true if it exists) and returns the count.
+/// What hypercalls need from the vCPU and the machine.
+pub trait Services {
+    /// Send an IPI (`icr`: the ICR's IPI bits) to the vCPU with `apic_id`,
+    /// physical destination; false if there is no such vCPU.
+    fn send_ipi(&mut self, apic_id: u32, icr: u32) -> bool;
+    /// Write a `struct kvm_clock_pairing` (host real time and the guest TSC
+    /// at the same instant) at `gpa`; false if that is not guest RAM.
+    fn clock_pairing(&mut self, gpa: u64) -> bool;
+}
+
+/// Decode and execute a hypercall. KVM_HC_SEND_IPI sends an IPI to each
+/// addressed vCPU and returns how many exist; KVM_HC_CLOCK_PAIRING writes
+/// the pairing structure (`kvm_pv_clock_pairing`).
 #[inline]
-pub fn handle(call: Call, enforce: Enforce, send_ipi: &mut dyn FnMut(u32, u32) -> bool) -> Outcome {
+pub fn handle(call: Call, enforce: Enforce, svc: &mut dyn Services) -> Outcome {
     use super::cpuid::{
         KVM_FEATURE_PV_SCHED_YIELD, KVM_FEATURE_PV_SEND_IPI, KVM_FEATURE_PV_UNHALT,
     };
@@ -127,14 +142,17 @@ pub fn handle(call: Call, enforce: Enforce, send_ipi: &mut dyn FnMut(u32, u32) -
                     let icr = a[3] as u32 & APIC_IPI_BITS;
                     let min = a[2] & u64::from(u32::MAX);
                     let sent = ipi_targets(a[0], a[1], min, cluster)
-                        .filter(|&apic| send_ipi(apic, icr))
+                        .filter(|&apic| svc.send_ipi(apic, icr))
                         .count() as u64;
                     (sent, Action::None)
                 }
             }
-            // kvmclock is not implemented yet: KVM answers EOPNOTSUPP when it
-            // cannot pair the clocks.
-            KVM_HC_CLOCK_PAIRING => (neg(KVM_EOPNOTSUPP), Action::None),
+            // 64-bit only in KVM (CONFIG_X86_64 guests make it in 64-bit mode).
+            KVM_HC_CLOCK_PAIRING if a[1] != KVM_CLOCK_PAIRING_WALLCLOCK => {
+                (neg(KVM_EOPNOTSUPP), Action::None)
+            }
+            KVM_HC_CLOCK_PAIRING if svc.clock_pairing(a[0]) => (0, Action::None),
+            KVM_HC_CLOCK_PAIRING => (neg(KVM_EFAULT), Action::None),
             _ => (neg(KVM_ENOSYS), Action::None),
         }
     };
@@ -148,9 +166,20 @@ pub fn handle(call: Call, enforce: Enforce, send_ipi: &mut dyn FnMut(u32, u32) -
 mod tests {
     use super::*;
 
+    /// Test services: IPIs through `ipi`; clock pairing works below 4 GiB.
+    struct Svc<F: FnMut(u32, u32) -> bool>(F);
+    impl<F: FnMut(u32, u32) -> bool> Services for Svc<F> {
+        fn send_ipi(&mut self, apic_id: u32, icr: u32) -> bool {
+            (self.0)(apic_id, icr)
+        }
+        fn clock_pairing(&mut self, gpa: u64) -> bool {
+            gpa < 1 << 32
+        }
+    }
+
     /// `handle` with an IPI sink that accepts APIC IDs below 4.
     fn handle(c: Call, e: Enforce) -> Outcome {
-        super::handle(c, e, &mut |apic, _| apic < 4)
+        super::handle(c, e, &mut Svc(|apic, _| apic < 4))
     }
 
     fn call(nr: u64) -> Call {
@@ -248,7 +277,13 @@ mod tests {
                 action: Action::Yield
             }
         );
-        assert_eq!(handle(call(KVM_HC_CLOCK_PAIRING), OFF).ret as i64, -95);
+        let pair = |gpa, kind| Call {
+            args: [gpa, kind, 0, 0],
+            ..call(KVM_HC_CLOCK_PAIRING)
+        };
+        assert_eq!(handle(pair(0x1000, 0), OFF).ret, 0, "wall clock");
+        assert_eq!(handle(pair(0x1000, 1), OFF).ret as i64, -95, "other clocks");
+        assert_eq!(handle(pair(1 << 40, 0), OFF).ret as i64, -14, "not RAM");
     }
 
     #[test]
@@ -258,10 +293,14 @@ mod tests {
             args: [0b101, 0b1, 1, 0x4000 | 0x0400 | 0xfd],
             ..call(KVM_HC_SEND_IPI)
         };
-        let o = super::handle(c, OFF, &mut |apic, icr| {
-            sent.push((apic, icr));
-            apic < 4
-        });
+        let o = super::handle(
+            c,
+            OFF,
+            &mut Svc(|apic, icr| {
+                sent.push((apic, icr));
+                apic < 4
+            }),
+        );
         assert_eq!(sent, vec![(1, 0x44fd), (3, 0x44fd), (65, 0x44fd)]);
         assert_eq!(
             o,
@@ -282,10 +321,14 @@ mod tests {
             ..call(KVM_HC_SEND_IPI)
         };
         let mut ids = Vec::new();
-        super::handle(c32, OFF, &mut |apic, _| {
-            ids.push(apic);
-            true
-        });
+        super::handle(
+            c32,
+            OFF,
+            &mut Svc(|apic, _| {
+                ids.push(apic);
+                true
+            }),
+        );
         assert_eq!(ids, vec![1, 32]);
         // Logical destination or a shorthand: -KVM_EINVAL, nothing sent.
         for icr in [0x800, 0x40000, 0x80000] {
@@ -295,7 +338,7 @@ mod tests {
                     ..call(KVM_HC_SEND_IPI)
                 },
                 OFF,
-                &mut |_, _| panic!("sent"),
+                &mut Svc(|_, _| panic!("sent")),
             );
             assert_eq!(
                 (o.ret as i64, o.action),

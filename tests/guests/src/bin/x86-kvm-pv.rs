@@ -92,6 +92,41 @@ fn main(t: &mut Test) {
         arch::vmcall_compat(high | 0x1234, 0),
         u64::from(ENOSYS as u32),
     );
+    // KVM_HC_CLOCK_PAIRING(gpa, KVM_CLOCK_PAIRING_WALLCLOCK): host real
+    // time and the guest TSC at one instant; other clock types
+    // -KVM_EOPNOTSUPP, a GPA outside RAM -KVM_EFAULT.
+    #[repr(C, align(64))]
+    struct Pairing([u64; 8]);
+    static mut PAIRING: Pairing = Pairing([u64::MAX; 8]);
+    const CLOCK_PAIRING: u64 = 9;
+    let gpa = (&raw const PAIRING) as u64;
+    let before = arch::rdtsc();
+    t.eq(
+        "clock-pairing",
+        arch::vmcall(CLOCK_PAIRING, [gpa, 0, 0, 0]),
+        Ok(0),
+    );
+    let after = arch::rdtsc();
+    // SAFETY: the structure the hypervisor just wrote.
+    let p = unsafe { (&raw const PAIRING.0).read_volatile() };
+    t.check(
+        "clock-pairing-values",
+        p[0] > 1_700_000_000
+            && p[1] < 1_000_000_000
+            && (before..=after).contains(&p[2])
+            && p[3..].iter().all(|w| *w == 0),
+        format_args!("{p:x?} tsc {before}..{after}"),
+    );
+    t.eq(
+        "clock-pairing-other-clock",
+        arch::vmcall(CLOCK_PAIRING, [gpa, 1, 0, 0]),
+        Ok((-95i64) as u64),
+    );
+    t.eq(
+        "clock-pairing-not-ram",
+        arch::vmcall(CLOCK_PAIRING, [0xf_0000_0000, 0, 0, 0]),
+        Ok((-14i64) as u64),
+    );
     t.eq(
         "sched-yield",
         arch::vmcall(KVM_HC_SCHED_YIELD, [0, 0, 0, 0]),
