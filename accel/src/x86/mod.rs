@@ -3,6 +3,7 @@
 pub mod clock;
 pub mod cpuid;
 pub mod hypercall;
+pub mod pmu;
 pub mod steal;
 
 use thiserror::Error;

@@ -1,0 +1,747 @@
+//! Intel architectural PMU (version 2) as KVM gives it to a guest: CPUID
+//! leaf 0xA, the PMU MSRs with their #GP rules, RDPMC, and counters computed
+//! lazily from per-vCPU event totals.
+//!
+//! Spec: Intel SDM vol. 3 ch. 20 ("Architectural Performance Monitoring",
+//! versions 1 and 2; Figure 20-1 IA32_PERFEVTSELx, Figure 20-2
+//! IA32_FIXED_CTR_CTRL, §20.2.2 GLOBAL_CTRL/STATUS/OVF_CTRL, Table 20-1
+//! architectural events); Linux `arch/x86/kvm/pmu.c`, `pmu.h`,
+//! `vmx/pmu_intel.c` (`intel_pmu_set_msr`, `intel_pmu_get_msr`,
+//! `intel_pmu_refresh`, `kvm_pmu_rdpmc`).
+//!
+//! Counting model: the accelerator keeps, per vCPU, monotonic totals of the
+//! events rustkvm counts ([`Events`]: retired instructions and branches split
+//! by privilege, unhalted and reference cycles). A counter stores its value
+//! at the last *sync* and the event total then; its value now is that plus
+//! the events since, if it was counting. Nothing is done per event: a
+//! counter is only touched when the guest reads it or changes what it
+//! counts (KVM's lesson from `pmc->is_paused`). Overflow is found at those
+//! points and from [`Pmu::until_overflow`], which tells the accelerator how
+//! many instructions may run before a counter wraps (for a zero-skid PMI).
+//!
+//! Status: the model is complete for the MSR interface and unit-tested; the
+//! TCG counting engine and the PMI are the next step of its issue, so the
+//! accelerator does not offer the PMU to guests yet.
+
+use crate::x86::X86Error;
+
+/// IA32_PMC0: general-purpose counters, 0xC1 + i (writes sign-extend bit 31).
+pub const MSR_IA32_PMC0: u32 = 0xc1;
+/// IA32_PERFEVTSEL0: event selects, 0x186 + i.
+pub const MSR_IA32_PERFEVTSEL0: u32 = 0x186;
+/// IA32_PERF_CAPABILITIES (bit 13: FW_WRITE, full-width counter writes).
+pub const MSR_IA32_PERF_CAPABILITIES: u32 = 0x345;
+/// IA32_FIXED_CTR0..2: instructions, core cycles, reference cycles.
+pub const MSR_CORE_PERF_FIXED_CTR0: u32 = 0x309;
+/// IA32_FIXED_CTR_CTRL: 4 bits per fixed counter.
+pub const MSR_CORE_PERF_FIXED_CTR_CTRL: u32 = 0x38d;
+/// IA32_PERF_GLOBAL_STATUS (read-only).
+pub const MSR_CORE_PERF_GLOBAL_STATUS: u32 = 0x38e;
+/// IA32_PERF_GLOBAL_CTRL.
+pub const MSR_CORE_PERF_GLOBAL_CTRL: u32 = 0x38f;
+/// IA32_PERF_GLOBAL_OVF_CTRL (write 1 to clear a status bit; reads 0).
+pub const MSR_CORE_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
+/// IA32_A_PMC0: full-width aliases of the GP counters, 0x4C1 + i.
+pub const MSR_IA32_PMC0_FULL: u32 = 0x4c1;
+/// PERF_CAPABILITIES.FW_WRITE.
+pub const PERF_CAP_FW_WRITES: u64 = 1 << 13;
+
+/// Counter width (GP and fixed), as KVM on current Intel hosts.
+pub const COUNTER_WIDTH: u32 = 48;
+/// Largest number of GP counters KVM offers (KVM_INTEL_PMC_MAX_GENERIC).
+pub const MAX_GP: usize = 8;
+/// Fixed counters of an architectural PMU v2 (KVM_MAX_NR_INTEL_FIXED_COUTNERS
+/// is larger, but version 2 defines three).
+pub const NUM_FIXED: usize = 3;
+/// Reserved IA32_PERFEVTSELx bits: the high dword and AnyThread (bit 21),
+/// `pmu->reserved_bits` in `intel_pmu_refresh`.
+pub const EVTSEL_RESERVED: u64 = 0xffff_ffff_0020_0000;
+
+/// IA32_PERFEVTSELx fields (SDM Figure 20-1).
+pub mod evtsel {
+    /// Event select, bits 0..7.
+    pub const EVENT: u64 = 0xff;
+    /// Unit mask, bits 8..15.
+    pub const UMASK: u64 = 0xff << 8;
+    /// Count at CPL > 0.
+    pub const USR: u64 = 1 << 16;
+    /// Count at CPL 0.
+    pub const OS: u64 = 1 << 17;
+    /// Edge detect.
+    pub const EDGE: u64 = 1 << 18;
+    /// APIC interrupt (PMI) on overflow.
+    pub const INT: u64 = 1 << 20;
+    /// Enable.
+    pub const EN: u64 = 1 << 22;
+    /// Invert the counter-mask comparison.
+    pub const INV: u64 = 1 << 23;
+    /// Counter mask, bits 24..31.
+    pub const CMASK: u64 = 0xff << 24;
+}
+
+/// An event rustkvm counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Instructions retired (event C0H umask 00H; fixed counter 0).
+    Instructions,
+    /// Branch instructions retired (C4H/00H).
+    Branches,
+    /// Unhalted core cycles (3CH/00H; fixed counter 1).
+    Cycles,
+    /// Unhalted reference cycles (3CH/01H; fixed counter 2).
+    RefCycles,
+}
+
+impl Event {
+    /// The event a PERFEVTSEL value selects, if rustkvm counts it.
+    pub fn from_evtsel(v: u64) -> Option<Event> {
+        match (v & evtsel::EVENT, (v & evtsel::UMASK) >> 8) {
+            (0xc0, 0x00) => Some(Event::Instructions),
+            (0xc4, 0x00) => Some(Event::Branches),
+            (0x3c, 0x00) => Some(Event::Cycles),
+            (0x3c, 0x01) => Some(Event::RefCycles),
+            _ => None,
+        }
+    }
+
+    /// The event of fixed counter `i`.
+    pub fn fixed(i: usize) -> Event {
+        match i {
+            0 => Event::Instructions,
+            1 => Event::Cycles,
+            _ => Event::RefCycles,
+        }
+    }
+}
+
+/// Monotonic per-vCPU event totals the accelerator maintains.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Events {
+    /// Instructions retired at CPL > 0 and at CPL 0.
+    pub instructions: [u64; 2],
+    /// Branch instructions retired at CPL > 0 and at CPL 0.
+    pub branches: [u64; 2],
+    /// Unhalted core cycles (guest TSC rate).
+    pub cycles: u64,
+    /// Unhalted reference cycles (guest TSC rate).
+    pub ref_cycles: u64,
+}
+
+/// Privilege filter: count at user level, at kernel level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filter {
+    /// CPL > 0.
+    pub usr: bool,
+    /// CPL 0.
+    pub os: bool,
+}
+
+impl Events {
+    /// The total of `event` through `filter`. Cycles are not split by
+    /// privilege: either filter bit counts them.
+    pub fn total(&self, event: Event, f: Filter) -> u64 {
+        let split =
+            |v: [u64; 2]| (if f.usr { v[0] } else { 0 }).wrapping_add(if f.os { v[1] } else { 0 });
+        match event {
+            Event::Instructions => split(self.instructions),
+            Event::Branches => split(self.branches),
+            Event::Cycles if f.usr || f.os => self.cycles,
+            Event::RefCycles if f.usr || f.os => self.ref_cycles,
+            _ => 0,
+        }
+    }
+}
+
+/// The PMU a vCPU is given (CPUID 0xA), from `-cpu ...,pmu=on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PmuConfig {
+    /// Architectural PMU version: 0 (no PMU) or 2.
+    pub version: u8,
+    /// General-purpose counters (1..=8).
+    pub gp: u8,
+    /// Whether IA32_PERF_CAPABILITIES offers FW_WRITE (full-width writes).
+    pub full_width_writes: bool,
+}
+
+impl PmuConfig {
+    /// No PMU (`pmu=off`): CPUID 0xA is 0, every PMU MSR #GPs.
+    pub const OFF: PmuConfig = PmuConfig {
+        version: 0,
+        gp: 0,
+        full_width_writes: false,
+    };
+    /// KVM's default Intel PMU: version 2, 4 GP counters, full-width writes.
+    pub const DEFAULT: PmuConfig = PmuConfig {
+        version: 2,
+        gp: 4,
+        full_width_writes: true,
+    };
+
+    fn gp(self) -> usize {
+        if self.version == 0 {
+            0
+        } else {
+            usize::from(self.gp).min(MAX_GP)
+        }
+    }
+
+    fn fixed(self) -> usize {
+        if self.version == 0 {
+            0
+        } else {
+            NUM_FIXED
+        }
+    }
+
+    /// CPUID leaf 0xA (EAX, EBX, ECX, EDX). EBX marks unavailable the
+    /// architectural events rustkvm does not count (LLC references and
+    /// misses, branch mispredicts).
+    pub fn cpuid_0xa(self) -> [u32; 4] {
+        if self.version == 0 {
+            return [0; 4];
+        }
+        /// EBX: bit i set = architectural event i not available.
+        const UNAVAILABLE: u32 = 1 << 3 | 1 << 4 | 1 << 6;
+        let eax = u32::from(self.version) | (self.gp() as u32) << 8 | COUNTER_WIDTH << 16 | 7 << 24;
+        let edx = NUM_FIXED as u32 | COUNTER_WIDTH << 5;
+        [eax, UNAVAILABLE, 0, edx]
+    }
+
+    fn global_ctrl_mask(self) -> u64 {
+        ((1u64 << self.gp()) - 1) | ((1u64 << self.fixed()) - 1) << 32
+    }
+
+    fn fixed_ctrl_mask(self) -> u64 {
+        // OS, USR and PMI per counter; AnyThread (bit 2 of each) reserved.
+        (0..self.fixed()).fold(0, |m, i| m | 0xb << (4 * i))
+    }
+}
+
+const MASK: u64 = (1 << COUNTER_WIDTH) - 1;
+
+/// One counter: its value at the last sync and the event total then.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    /// Value (COUNTER_WIDTH bits) at the last sync.
+    pub value: u64,
+    /// The selected event's total at the last sync.
+    pub base: u64,
+}
+
+/// What a counter counts now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counting {
+    event: Event,
+    filter: Filter,
+}
+
+/// The PMU state of one vCPU (plain data, savable).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PmuState {
+    /// IA32_PERFEVTSELx.
+    pub evtsel: [u64; MAX_GP],
+    /// IA32_PMCx.
+    pub gp: [Counter; MAX_GP],
+    /// IA32_FIXED_CTR_CTRL.
+    pub fixed_ctrl: u64,
+    /// IA32_FIXED_CTRx.
+    pub fixed: [Counter; NUM_FIXED],
+    /// IA32_PERF_GLOBAL_CTRL.
+    pub global_ctrl: u64,
+    /// IA32_PERF_GLOBAL_STATUS.
+    pub global_status: u64,
+}
+
+/// A vCPU's PMU: its configuration and state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pmu {
+    /// What the guest was given.
+    pub config: PmuConfig,
+    /// The registers.
+    pub state: PmuState,
+}
+
+/// Counter index in GLOBAL_CTRL/STATUS bit order: GP i → i, fixed i → 32 + i.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// General-purpose counter.
+    Gp(usize),
+    /// Fixed counter.
+    Fixed(usize),
+}
+
+impl Which {
+    fn bit(self) -> u64 {
+        match self {
+            Which::Gp(i) => 1 << i,
+            Which::Fixed(i) => 1 << (32 + i),
+        }
+    }
+}
+
+impl Pmu {
+    /// A PMU in its reset state: everything 0 but IA32_PERF_GLOBAL_CTRL,
+    /// whose GP enable bits are set at RESET (SDM 20.2.2; KVM's
+    /// `intel_pmu_refresh` since Linux 6.10).
+    pub fn new(config: PmuConfig) -> Pmu {
+        let gp_enables = (1u64 << config.gp()) - 1;
+        Pmu {
+            config,
+            state: PmuState {
+                global_ctrl: gp_enables,
+                ..PmuState::default()
+            },
+        }
+    }
+
+    fn counters(&self) -> impl Iterator<Item = Which> + use<> {
+        let (gp, fixed) = (self.config.gp(), self.config.fixed());
+        (0..gp).map(Which::Gp).chain((0..fixed).map(Which::Fixed))
+    }
+
+    fn counting(&self, w: Which) -> Option<Counting> {
+        let s = &self.state;
+        if s.global_ctrl & w.bit() == 0 {
+            return None;
+        }
+        match w {
+            Which::Gp(i) => {
+                let sel = s.evtsel[i];
+                // EDGE/INV/CMASK change what is counted per cycle, which
+                // rustkvm does not model: such a counter does not count.
+                if sel & evtsel::EN == 0 || sel & (evtsel::EDGE | evtsel::INV | evtsel::CMASK) != 0
+                {
+                    return None;
+                }
+                Some(Counting {
+                    event: Event::from_evtsel(sel)?,
+                    filter: Filter {
+                        usr: sel & evtsel::USR != 0,
+                        os: sel & evtsel::OS != 0,
+                    },
+                })
+            }
+            Which::Fixed(i) => {
+                let ctl = s.fixed_ctrl >> (4 * i);
+                let filter = Filter {
+                    os: ctl & 1 != 0,
+                    usr: ctl & 2 != 0,
+                };
+                (filter.os || filter.usr).then_some(Counting {
+                    event: Event::fixed(i),
+                    filter,
+                })
+            }
+        }
+    }
+
+    fn counter(&self, w: Which) -> Counter {
+        match w {
+            Which::Gp(i) => self.state.gp[i],
+            Which::Fixed(i) => self.state.fixed[i],
+        }
+    }
+
+    fn counter_mut(&mut self, w: Which) -> &mut Counter {
+        match w {
+            Which::Gp(i) => &mut self.state.gp[i],
+            Which::Fixed(i) => &mut self.state.fixed[i],
+        }
+    }
+
+    /// Counter `w`'s value given the event totals `ev`, without changing
+    /// anything (an overflow not yet synced shows as the wrapped value).
+    pub fn value(&self, w: Which, ev: &Events) -> u64 {
+        let c = self.counter(w);
+        match self.counting(w) {
+            Some(k) => {
+                c.value
+                    .wrapping_add(ev.total(k.event, k.filter).wrapping_sub(c.base))
+                    & MASK
+            }
+            None => c.value,
+        }
+    }
+
+    /// Fold the events since the last sync into every counting counter,
+    /// setting GLOBAL_STATUS for those that wrapped; returns the counters
+    /// that overflowed now and want a PMI (INT / fixed PMI bit).
+    pub fn sync(&mut self, ev: &Events) -> u64 {
+        let mut pmi = 0;
+        for w in self.counters() {
+            let Some(k) = self.counting(w) else { continue };
+            let total = ev.total(k.event, k.filter);
+            let c = self.counter(w);
+            let sum = c.value + (total.wrapping_sub(c.base) & MASK);
+            if sum > MASK {
+                self.state.global_status |= w.bit();
+                if self.wants_pmi(w) {
+                    pmi |= w.bit();
+                }
+            }
+            *self.counter_mut(w) = Counter {
+                value: sum & MASK,
+                base: total,
+            };
+        }
+        pmi
+    }
+
+    fn wants_pmi(&self, w: Which) -> bool {
+        match w {
+            Which::Gp(i) => self.state.evtsel[i] & evtsel::INT != 0,
+            Which::Fixed(i) => self.state.fixed_ctrl >> (4 * i) & 8 != 0,
+        }
+    }
+
+    /// Re-base every counter on `ev` after a configuration change (the
+    /// caller synced first): what was counted stays, counting restarts now.
+    fn rebase(&mut self, ev: &Events) {
+        for w in self.counters() {
+            let base = self.counting(w).map_or(0, |k| ev.total(k.event, k.filter));
+            self.counter_mut(w).base = base;
+        }
+    }
+
+    /// How many more instructions (counted as the instruction and branch
+    /// counters count them, an upper bound for both) may retire before a
+    /// counter with a PMI wraps; None if no such counter counts
+    /// instructions or branches. The accelerator stops there for a
+    /// zero-skid PMI.
+    pub fn until_overflow(&self, ev: &Events) -> Option<u64> {
+        self.counters()
+            .filter(|w| self.wants_pmi(*w))
+            .filter_map(|w| {
+                let k = self.counting(w)?;
+                matches!(k.event, Event::Instructions | Event::Branches)
+                    .then(|| MASK + 1 - self.value(w, ev))
+            })
+            .min()
+    }
+
+    /// The counter an MSR names, if this PMU has it: (which, full-width).
+    fn counter_msr(&self, index: u32) -> Option<(Which, bool)> {
+        let (gp, fixed) = (self.config.gp() as u32, self.config.fixed() as u32);
+        match index {
+            i if (MSR_IA32_PMC0..MSR_IA32_PMC0 + gp).contains(&i) => {
+                Some((Which::Gp((i - MSR_IA32_PMC0) as usize), false))
+            }
+            i if self.config.full_width_writes
+                && (MSR_IA32_PMC0_FULL..MSR_IA32_PMC0_FULL + gp).contains(&i) =>
+            {
+                Some((Which::Gp((i - MSR_IA32_PMC0_FULL) as usize), true))
+            }
+            i if (MSR_CORE_PERF_FIXED_CTR0..MSR_CORE_PERF_FIXED_CTR0 + fixed).contains(&i) => {
+                Some((Which::Fixed((i - MSR_CORE_PERF_FIXED_CTR0) as usize), true))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `index` is one of this PMU's MSRs.
+    pub fn is_pmu_msr(&self, index: u32) -> bool {
+        if self.config.version == 0 {
+            return false;
+        }
+        let gp = self.config.gp() as u32;
+        self.counter_msr(index).is_some()
+            || (MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + gp).contains(&index)
+            || matches!(
+                index,
+                MSR_CORE_PERF_FIXED_CTR_CTRL
+                    | MSR_CORE_PERF_GLOBAL_STATUS
+                    | MSR_CORE_PERF_GLOBAL_CTRL
+                    | MSR_CORE_PERF_GLOBAL_OVF_CTRL
+                    | MSR_IA32_PERF_CAPABILITIES
+            )
+    }
+
+    /// RDMSR; None for an MSR this PMU does not have (#GP).
+    pub fn read_msr(&self, index: u32, ev: &Events) -> Option<u64> {
+        if !self.is_pmu_msr(index) {
+            return None;
+        }
+        if let Some((w, _)) = self.counter_msr(index) {
+            return Some(self.value(w, ev));
+        }
+        let s = &self.state;
+        Some(match index {
+            MSR_CORE_PERF_FIXED_CTR_CTRL => s.fixed_ctrl,
+            MSR_CORE_PERF_GLOBAL_STATUS => s.global_status | self.pending_status(ev),
+            MSR_CORE_PERF_GLOBAL_CTRL => s.global_ctrl,
+            MSR_CORE_PERF_GLOBAL_OVF_CTRL => 0,
+            MSR_IA32_PERF_CAPABILITIES => {
+                if self.config.full_width_writes {
+                    PERF_CAP_FW_WRITES
+                } else {
+                    0
+                }
+            }
+            i => s.evtsel[(i - MSR_IA32_PERFEVTSEL0) as usize],
+        })
+    }
+
+    /// Status bits of counters that wrapped since the last sync.
+    fn pending_status(&self, ev: &Events) -> u64 {
+        self.counters()
+            .filter(|w| {
+                self.counting(*w).is_some_and(|k| {
+                    let c = self.counter(*w);
+                    c.value + (ev.total(k.event, k.filter).wrapping_sub(c.base) & MASK) > MASK
+                })
+            })
+            .fold(0, |m, w| m | w.bit())
+    }
+
+    /// WRMSR from the guest, with the events `ev` now. Ok(pmi) carries the
+    /// counters that overflowed (and want a PMI) in the sync the write
+    /// needed; Err means #GP (KVM's answers in `intel_pmu_set_msr`).
+    pub fn write_msr(&mut self, index: u32, value: u64, ev: &Events) -> Result<u64, X86Error> {
+        let gp_fault = Err(X86Error::ReservedBits { msr: index, value });
+        if !self.is_pmu_msr(index) {
+            return gp_fault;
+        }
+        let pmi = self.sync(ev);
+        if let Some((w, full)) = self.counter_msr(index) {
+            // Legacy PMCx writes sign-extend bit 31 (KVM; SDM 20.2.5).
+            let v = if full {
+                value
+            } else {
+                value as u32 as i32 as i64 as u64
+            };
+            let base = self.counting(w).map_or(0, |k| ev.total(k.event, k.filter));
+            *self.counter_mut(w) = Counter {
+                value: v & MASK,
+                base,
+            };
+            return Ok(pmi);
+        }
+        let cfg = self.config;
+        match index {
+            MSR_CORE_PERF_FIXED_CTR_CTRL => {
+                if value & !cfg.fixed_ctrl_mask() != 0 {
+                    return gp_fault;
+                }
+                self.state.fixed_ctrl = value;
+            }
+            MSR_CORE_PERF_GLOBAL_STATUS | MSR_IA32_PERF_CAPABILITIES => return gp_fault,
+            MSR_CORE_PERF_GLOBAL_CTRL => {
+                if value & !cfg.global_ctrl_mask() != 0 {
+                    return gp_fault;
+                }
+                self.state.global_ctrl = value;
+            }
+            MSR_CORE_PERF_GLOBAL_OVF_CTRL => {
+                if value & !cfg.global_ctrl_mask() != 0 {
+                    return gp_fault;
+                }
+                self.state.global_status &= !value;
+            }
+            i => {
+                if value & EVTSEL_RESERVED != 0 {
+                    return gp_fault;
+                }
+                self.state.evtsel[(i - MSR_IA32_PERFEVTSEL0) as usize] = value;
+            }
+        }
+        self.rebase(ev);
+        Ok(pmi)
+    }
+
+    /// RDPMC with ECX = `ecx` (after the CR4.PCE/CPL check): ECX bit 30
+    /// selects the fixed counters, bit 31 ("fast" read) returns the low 32
+    /// bits (`kvm_pmu_rdpmc`); None means #GP.
+    pub fn rdpmc(&self, ecx: u32, ev: &Events) -> Option<u64> {
+        if self.config.version == 0 {
+            return None;
+        }
+        let idx = (ecx & !(3 << 30)) as usize;
+        let w = if ecx & (1 << 30) != 0 {
+            (idx < self.config.fixed()).then_some(Which::Fixed(idx))?
+        } else {
+            (idx < self.config.gp()).then_some(Which::Gp(idx))?
+        };
+        let v = self.value(w, ev);
+        Some(if ecx & (1 << 31) != 0 {
+            v & 0xffff_ffff
+        } else {
+            v
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(user: u64, kernel: u64) -> Events {
+        Events {
+            instructions: [user, kernel],
+            branches: [user / 4, kernel / 4],
+            cycles: 3 * (user + kernel),
+            ref_cycles: 2 * (user + kernel),
+        }
+    }
+
+    const INSNS_USR_OS: u64 = evtsel::EN | evtsel::USR | evtsel::OS | 0xc0;
+
+    #[test]
+    fn cpuid_0xa_is_kvms_version_2_shape() {
+        let [eax, ebx, ecx, edx] = PmuConfig::DEFAULT.cpuid_0xa();
+        assert_eq!(eax & 0xff, 2, "version");
+        assert_eq!((eax >> 8) & 0xff, 4, "GP counters");
+        assert_eq!((eax >> 16) & 0xff, 48, "width");
+        assert_eq!(eax >> 24, 7, "EBX length");
+        assert_eq!(ebx, 0x58, "LLC ref/miss and mispredicts unavailable");
+        assert_eq!(ecx, 0);
+        assert_eq!((edx & 0x1f, (edx >> 5) & 0xff), (3, 48));
+        assert_eq!(PmuConfig::OFF.cpuid_0xa(), [0; 4]);
+    }
+
+    #[test]
+    fn no_pmu_means_every_pmu_msr_faults() {
+        let mut p = Pmu::new(PmuConfig::OFF);
+        let e = Events::default();
+        for msr in [0xc1, 0x186, 0x309, 0x38d, 0x38e, 0x38f, 0x390, 0x4c1, 0x345] {
+            assert_eq!(p.read_msr(msr, &e), None, "{msr:#x}");
+            assert!(p.write_msr(msr, 0, &e).is_err(), "{msr:#x}");
+        }
+        assert_eq!(p.rdpmc(0, &e), None);
+    }
+
+    #[test]
+    fn reserved_bits_and_read_only_registers_fault_like_kvm() {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        let e = Events::default();
+        let reset = p.state;
+        assert_eq!(reset.global_ctrl, 0xf, "GP counters enabled at RESET");
+        assert!(p.write_msr(0x186, 1 << 21, &e).is_err(), "AnyThread");
+        assert!(p.write_msr(0x186, 1 << 32, &e).is_err(), "high dword");
+        assert!(p.write_msr(0x186 + 4, 0, &e).is_err(), "only 4 GP counters");
+        assert!(p.write_msr(0xc1 + 4, 0, &e).is_err());
+        assert!(p.write_msr(0x38d, 0x4, &e).is_err(), "fixed AnyThread");
+        assert!(p.write_msr(0x38d, 0xb << 12, &e).is_err(), "no fixed 3");
+        assert!(p.write_msr(0x38f, 1 << 4, &e).is_err(), "GP 4 enable");
+        assert!(p.write_msr(0x38f, 1 << 35, &e).is_err(), "fixed 3 enable");
+        assert!(
+            p.write_msr(0x38e, 0, &e).is_err(),
+            "GLOBAL_STATUS is read-only"
+        );
+        assert!(
+            p.write_msr(0x345, 0, &e).is_err(),
+            "PERF_CAPABILITIES is read-only"
+        );
+        assert!(p.write_msr(0x390, 1 << 40, &e).is_err());
+        assert_eq!(p.state, reset, "nothing changed");
+        assert_eq!(p.write_msr(0x38d, 0xbbb, &e), Ok(0));
+        assert_eq!(p.write_msr(0x38f, 0x7_0000_000f, &e), Ok(0));
+        assert_eq!(p.read_msr(0x345, &e), Some(PERF_CAP_FW_WRITES));
+        assert_eq!(p.read_msr(0x390, &e), Some(0), "OVF_CTRL reads 0");
+    }
+
+    #[test]
+    fn legacy_writes_sign_extend_full_width_writes_do_not() {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        let e = Events::default();
+        p.write_msr(0xc1, 0x8000_0000, &e).unwrap();
+        assert_eq!(p.read_msr(0xc1, &e), Some(0xffff_8000_0000));
+        p.write_msr(0x4c1, 0x8000_0000, &e).unwrap();
+        assert_eq!(p.read_msr(0xc1, &e), Some(0x8000_0000));
+        p.write_msr(0x4c1, u64::MAX, &e).unwrap();
+        assert_eq!(p.read_msr(0x4c1, &e), Some(MASK), "48 bits");
+        let no_fw = Pmu::new(PmuConfig {
+            full_width_writes: false,
+            ..PmuConfig::DEFAULT
+        });
+        assert_eq!(no_fw.read_msr(0x4c1, &e), None, "no full-width MSRs");
+        assert_eq!(no_fw.read_msr(0x345, &e), Some(0));
+    }
+
+    #[test]
+    fn counts_follow_events_enables_and_privilege_filters() {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        let e0 = ev(1000, 500);
+        p.write_msr(0x186, INSNS_USR_OS, &e0).unwrap();
+        p.write_msr(0x187, evtsel::EN | evtsel::USR | 0xc4, &e0)
+            .unwrap();
+        p.write_msr(0x188, evtsel::EN | evtsel::OS | 0xc0, &e0)
+            .unwrap();
+        p.write_msr(0x38d, 0x3 | 0x3 << 4, &e0).unwrap(); // fixed 0, 1: OS+USR
+        p.write_msr(0x38f, 0, &e0).unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(2000, 900)), Some(0), "GLOBAL_CTRL off");
+        p.write_msr(0x38f, 0x3_0000_0007, &e0).unwrap();
+        let e1 = ev(1400, 700);
+        assert_eq!(p.read_msr(0xc1, &e1), Some(600), "all instructions");
+        assert_eq!(p.read_msr(0xc2, &e1), Some(100), "user branches");
+        assert_eq!(p.read_msr(0xc3, &e1), Some(200), "kernel instructions");
+        assert_eq!(p.read_msr(0x309, &e1), Some(600), "fixed 0 = GP 0");
+        assert_eq!(p.read_msr(0x30a, &e1), Some(1800), "cycles");
+        assert_eq!(p.read_msr(0x30b, &e1), Some(0), "fixed 2 not enabled");
+        assert_eq!(p.rdpmc(0, &e1), Some(600));
+        assert_eq!(p.rdpmc(1 << 30, &e1), Some(600), "fixed via ECX bit 30");
+        assert_eq!(p.rdpmc(4, &e1), None);
+        assert_eq!(p.rdpmc(1 << 30 | 3, &e1), None);
+        // Disabling keeps the count; re-enabling resumes from there.
+        p.write_msr(0x38f, 0, &e1).unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(9000, 9000)), Some(600));
+        p.write_msr(0x38f, 1, &ev(9000, 9000)).unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(9010, 9000)), Some(610));
+        // A write mid-count restarts from the value written.
+        p.write_msr(0xc1, 5, &ev(9010, 9000)).unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(9020, 9001)), Some(16));
+        // Events rustkvm does not count, or EDGE/INV/CMASK: nothing.
+        // (Totals only grow: the accelerator's are monotonic.)
+        p.write_msr(0x186, evtsel::EN | evtsel::USR | 0x2e, &ev(9020, 9001))
+            .unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(9100, 9100)), Some(16));
+        p.write_msr(0x186, INSNS_USR_OS | 1 << 24, &ev(9100, 9100))
+            .unwrap();
+        assert_eq!(p.read_msr(0xc1, &ev(9200, 9200)), Some(16));
+    }
+
+    #[test]
+    fn overflow_sets_status_asks_for_a_pmi_and_ovf_ctrl_clears_it() {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        let e0 = ev(0, 0);
+        p.write_msr(0x186, INSNS_USR_OS | evtsel::INT, &e0).unwrap();
+        p.write_msr(0x4c1, MASK - 9, &e0).unwrap(); // 10 to go
+        p.write_msr(0x38f, 1, &e0).unwrap();
+        assert_eq!(p.until_overflow(&ev(3, 0)), Some(7));
+        assert_eq!(p.read_msr(0x38e, &ev(9, 0)), Some(0));
+        assert_eq!(
+            p.read_msr(0x38e, &ev(10, 0)),
+            Some(1),
+            "wrapped, seen lazily"
+        );
+        assert_eq!(p.read_msr(0xc1, &ev(12, 0)), Some(2));
+        assert_eq!(p.sync(&ev(12, 0)), 1, "PMI wanted");
+        assert_eq!(p.state.global_status, 1);
+        assert_eq!(p.sync(&ev(13, 0)), 0, "once per overflow");
+        p.write_msr(0x390, 1, &ev(13, 0)).unwrap();
+        assert_eq!(p.read_msr(0x38e, &ev(13, 0)), Some(0));
+        assert_eq!(p.read_msr(0xc1, &ev(13, 0)), Some(3));
+        // Without INT: status only, no PMI, no overflow budget.
+        p.write_msr(0x186, INSNS_USR_OS, &ev(13, 0)).unwrap();
+        assert_eq!(p.until_overflow(&ev(13, 0)), None);
+    }
+
+    #[test]
+    fn counters_never_go_backwards_between_syncs() {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        p.write_msr(0x186, INSNS_USR_OS, &ev(0, 0)).unwrap();
+        p.write_msr(0x38f, 1, &ev(0, 0)).unwrap();
+        let mut last = 0;
+        for i in 1..200u64 {
+            let e = ev(i * 37, i * 11);
+            if i % 7 == 0 {
+                p.sync(&e);
+            }
+            let v = p.read_msr(0xc1, &e).unwrap();
+            assert!(v >= last, "{v} < {last}");
+            last = v;
+        }
+        assert_eq!(last, 199 * 48);
+    }
+}
