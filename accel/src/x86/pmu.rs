@@ -283,8 +283,8 @@ impl Which {
 
 impl Pmu {
     /// A PMU in its reset state: everything 0 but IA32_PERF_GLOBAL_CTRL,
-    /// whose GP enable bits are set at RESET (SDM 20.2.2; KVM's
-    /// `intel_pmu_refresh` since Linux 6.10).
+    /// whose GP enable bits are set at RESET (SDM: "Sets bits n-1:0 and
+    /// clears the upper bits"; KVM since commit de120e1d692d, Linux 6.9).
     pub fn new(config: PmuConfig) -> Pmu {
         let gp_enables = (1u64 << config.gp()) - 1;
         Pmu {
