@@ -38,11 +38,11 @@ pub const REG_EDX: u32 = 2;
 /// `R_EBX`.
 pub const REG_EBX: u32 = 3;
 
-/// CPUID.1:ECX[24] TSC_DEADLINE: the local APIC's TSC-deadline mode (SDM).
+/// `CPUID.1:ECX[24]` TSC_DEADLINE: the local APIC's TSC-deadline mode (SDM).
 pub const CPUID_1_ECX_TSC_DEADLINE: u32 = 1 << 24;
-/// CPUID.(EAX=7,ECX=0):EBX[1] TSC_ADJUST: IA32_TSC_ADJUST.
+/// `CPUID.(EAX=7,ECX=0):EBX[1]` TSC_ADJUST: IA32_TSC_ADJUST.
 pub const CPUID_7_0_EBX_TSC_ADJUST: u32 = 1 << 1;
-/// CPUID.80000007H:EDX[8] invariant TSC.
+/// `CPUID.80000007H:EDX[8]` invariant TSC.
 pub const CPUID_8000_0007_EDX_INVTSC: u32 = 1 << 8;
 
 /// KVM feature bits rustkvm implements today. A bit not here is never

@@ -5,17 +5,12 @@
 //! KVM_STEAL_*), `arch/x86/kvm/x86.c` (`kvm_set_msr_common`,
 //! `record_steal_time`, `kvm_steal_time_set_preempted`).
 //!
-//! What "steal" and "descheduled" mean under TCG (see docs/steal-time.md):
-//! - MTTCG (one host thread per vCPU): steal is the growth of the vCPU
-//!   thread's host run-queue delay (`/proc/thread-self/schedstat` field 2,
-//!   KVM's `current->sched_info.run_delay`), folded in each time the vCPU
-//!   enters guest execution.
-//! - Round-robin TCG (one thread for all vCPUs): steal is, in addition, the
-//!   wall time a vCPU waited while runnable (it left the CPU loop without
-//!   halting) until its next turn. Leaving its turn while runnable, with other
-//!   vCPUs to run, is "involuntarily descheduled": `preempted` is set then and
-//!   cleared with an exchange at its next entry. A halt is voluntary and sets
-//!   nothing.
+//! Steal is accounted by [`crate::steal::StealClock`] (shared with arm64's
+//! PV time; docs/steal-time.md). "Descheduled": in round-robin TCG, a vCPU
+//! that leaves its turn while runnable, with other vCPUs to run, gets
+//! `preempted` set, cleared at its next entry; under MTTCG the sampler sets
+//! it while the vCPU's thread waits on the host run queue. A halt is
+//! voluntary and sets nothing.
 
 use crate::memory::GuestMemory;
 use crate::steal::StealClock;
