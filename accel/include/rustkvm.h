@@ -188,31 +188,29 @@ void rustkvm_x86_load_msrs(RustkvmVcpu *vcpu, const RustkvmX86Msrs *msrs);
 /** Unhalt the vCPU whose APIC ID is `target`, then yield (KVM_HC_KICK_CPU). */
 #define RUSTKVM_HC_KICK 2u
 
-/** A hypercall as the guest made it. */
-typedef struct RustkvmHypercall {
-    /** RAX. */
-    uint64_t nr;
-    /** RBX, RCX, RDX, RSI. */
-    uint64_t args[4];
-    /** Current privilege level. */
-    uint32_t cpl;
-    /** 64-bit mode (EFER.LMA and CS.L); otherwise operands are 32-bit. */
-    bool long_mode;
-} RustkvmHypercall;
+/** Hypercall mode word: bits 0-1 the CPL ... */
+#define RUSTKVM_HC_CPL_MASK 3u
+/** ... bit 2: 64-bit mode (EFER.LMA and CS.L); otherwise 32-bit operands. */
+#define RUSTKVM_HC_LONG_MODE 4u
 
-/** What a hypercall returns and asks QEMU to do. */
-typedef struct RustkvmHypercallResult {
+/** What a hypercall returns (in two registers: no memory round trip). */
+typedef struct RustkvmHypercallRet {
     /** New RAX. */
-    uint64_t ret;
+    uint64_t rax;
     /** RUSTKVM_HC_*. */
     uint32_t action;
     /** APIC ID for RUSTKVM_HC_KICK. */
-    uint64_t target;
-} RustkvmHypercallResult;
+    uint32_t target;
+} RustkvmHypercallRet;
 
-/** Execute a hypercall: HANDLED with *result filled (KVM's ABI). */
-uint32_t rustkvm_x86_hypercall(RustkvmVcpu *vcpu, const RustkvmHypercall *call,
-                               RustkvmHypercallResult *result);
+/**
+ * Execute a hypercall with KVM's ABI: `regs` is the vCPU's general-purpose
+ * register file in x86 order (RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, ...:
+ * the number in RAX, arguments in RBX, RCX, RDX, RSI), `mode` the CPL and
+ * RUSTKVM_HC_LONG_MODE. A NULL vcpu or regs answers -KVM_ENOSYS.
+ */
+RustkvmHypercallRet rustkvm_x86_hypercall(RustkvmVcpu *vcpu,
+                                          const uint64_t *regs, uint32_t mode);
 /** A KICK_CPU reached `vcpu`: its next (or current) HLT returns at once. */
 void rustkvm_x86_pv_kick(RustkvmVcpu *vcpu);
 /** Whether `vcpu` was kicked since it last consumed a kick (consumes it). */

@@ -483,43 +483,48 @@ pub unsafe extern "C" fn rustkvm_x86_tsc_deadline_fire(vcpu: *mut RustkvmVcpu) -
     unsafe { vcpu_ref(vcpu) }.is_some_and(Vcpu::tsc_deadline_fire)
 }
 
-/// Hypercall routing point.
+/// Hypercall routing point: reads the register file, returns in registers.
 ///
 /// # Safety
-/// `vcpu` is NULL or a live handle; `call` is NULL or valid; `result` is
-/// NULL or writable.
+/// `vcpu` is NULL or a live handle; `regs` is NULL or points to at least 8
+/// `u64` (the general-purpose registers in x86 order).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rustkvm_x86_hypercall(
     vcpu: *mut RustkvmVcpu,
-    call: *const header::RustkvmHypercall,
-    result: *mut header::RustkvmHypercallResult,
-) -> u32 {
-    use crate::x86::hypercall::{Action, Call};
-    // SAFETY: forwarded caller contract for all three pointers.
-    let (Some(v), Some(c), Some(out)) = (
-        unsafe { vcpu_ref(vcpu) },
-        unsafe { call.as_ref() },
-        unsafe { result.as_mut() },
-    ) else {
-        return header::RUSTKVM_UNHANDLED;
+    regs: *const u64,
+    mode: u32,
+) -> header::RustkvmHypercallRet {
+    use crate::x86::hypercall::{Action, Call, KVM_ENOSYS};
+    // SAFETY: forwarded caller contract for both pointers.
+    let (Some(v), Some(r)) = (unsafe { vcpu_ref(vcpu) }, unsafe {
+        regs.cast::<[u64; 8]>().as_ref()
+    }) else {
+        return header::RustkvmHypercallRet {
+            rax: KVM_ENOSYS.wrapping_neg(),
+            action: header::RUSTKVM_HC_NONE,
+            target: 0,
+        };
     };
+    // x86 register numbers: RAX 0, RCX 1, RDX 2, RBX 3, RSI 6.
     let o = v.hypercall(Call {
-        nr: c.nr,
-        args: c.args,
-        cpl: c.cpl.min(3) as u8,
-        long_mode: c.long_mode,
+        nr: r[0],
+        args: [r[3], r[1], r[2], r[6]],
+        cpl: (mode & header::RUSTKVM_HC_CPL_MASK) as u8,
+        long_mode: mode & header::RUSTKVM_HC_LONG_MODE != 0,
     });
     let (action, target) = match o.action {
         Action::None => (header::RUSTKVM_HC_NONE, 0),
         Action::Yield => (header::RUSTKVM_HC_YIELD, 0),
-        Action::Kick(apic) => (header::RUSTKVM_HC_KICK, apic),
+        Action::Kick(apic) => (
+            header::RUSTKVM_HC_KICK,
+            u32::try_from(apic).unwrap_or(u32::MAX),
+        ),
     };
-    *out = header::RustkvmHypercallResult {
-        ret: o.ret,
+    header::RustkvmHypercallRet {
+        rax: o.ret,
         action,
         target,
-    };
-    header::RUSTKVM_HANDLED
+    }
 }
 
 /// Record a kick aimed at `vcpu`.
@@ -745,29 +750,14 @@ mod tests {
                 rustkvm_arm_pmu_write(v0, 0xdce0, 1),
                 header::RUSTKVM_UNHANDLED
             );
-            let call = header::RustkvmHypercall {
-                nr: 5,
-                args: [0, 3, 0, 0],
-                cpl: 0,
-                long_mode: true,
-            };
-            let mut res = header::RustkvmHypercallResult {
-                ret: 9,
-                action: 9,
-                target: 9,
-            };
-            assert_eq!(
-                rustkvm_x86_hypercall(v0, &call, &mut res),
-                header::RUSTKVM_HANDLED
-            );
-            assert_eq!(
-                (res.ret, res.action, res.target),
-                (0, header::RUSTKVM_HC_KICK, 3)
-            );
-            assert_eq!(
-                rustkvm_x86_hypercall(v0, &call, std::ptr::null_mut()),
-                header::RUSTKVM_UNHANDLED
-            );
+            // KICK_CPU(flags 0, APIC ID 3): RAX 5, RBX 0, RCX 3.
+            let regs = [5u64, 3, 0, 0, 0, 0, 0, 0];
+            let r = rustkvm_x86_hypercall(v0, regs.as_ptr(), header::RUSTKVM_HC_LONG_MODE);
+            assert_eq!((r.rax, r.action, r.target), (0, header::RUSTKVM_HC_KICK, 3));
+            let r = rustkvm_x86_hypercall(v0, regs.as_ptr(), 3 | header::RUSTKVM_HC_LONG_MODE);
+            assert_eq!(r.rax as i64, -1, "CPL 3: -KVM_EPERM");
+            let r = rustkvm_x86_hypercall(v0, std::ptr::null(), 0);
+            assert_eq!(r.rax as i64, -1000);
             assert!(!rustkvm_x86_take_pv_unhalt(v0));
             rustkvm_x86_pv_kick(v0);
             rustkvm_x86_pv_kick(std::ptr::null_mut());
