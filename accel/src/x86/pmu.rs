@@ -351,18 +351,21 @@ impl Pmu {
         }
     }
 
+    /// For a counting counter: its value at the last sync plus the events
+    /// since (not yet wrapped: above MASK means it overflowed) and the
+    /// selected event's total now. None if it does not count.
+    fn advanced(&self, w: Which, ev: &Events) -> Option<(u64, u64)> {
+        let k = self.counting(w)?;
+        let c = self.counter(w);
+        let total = ev.total(k.event, k.filter);
+        Some((c.value + (total.wrapping_sub(c.base) & MASK), total))
+    }
+
     /// Counter `w`'s value given the event totals `ev`, without changing
     /// anything (an overflow not yet synced shows as the wrapped value).
     pub fn value(&self, w: Which, ev: &Events) -> u64 {
-        let c = self.counter(w);
-        match self.counting(w) {
-            Some(k) => {
-                c.value
-                    .wrapping_add(ev.total(k.event, k.filter).wrapping_sub(c.base))
-                    & MASK
-            }
-            None => c.value,
-        }
+        self.advanced(w, ev)
+            .map_or(self.counter(w).value, |(sum, _)| sum & MASK)
     }
 
     /// Fold the events since the last sync into every counting counter,
@@ -371,10 +374,9 @@ impl Pmu {
     pub fn sync(&mut self, ev: &Events) -> u64 {
         let mut pmi = 0;
         for w in self.counters() {
-            let Some(k) = self.counting(w) else { continue };
-            let total = ev.total(k.event, k.filter);
-            let c = self.counter(w);
-            let sum = c.value + (total.wrapping_sub(c.base) & MASK);
+            let Some((sum, total)) = self.advanced(w, ev) else {
+                continue;
+            };
             if sum > MASK {
                 self.state.global_status |= w.bit();
                 if self.wants_pmi(w) {
@@ -486,12 +488,7 @@ impl Pmu {
     /// Status bits of counters that wrapped since the last sync.
     fn pending_status(&self, ev: &Events) -> u64 {
         self.counters()
-            .filter(|w| {
-                self.counting(*w).is_some_and(|k| {
-                    let c = self.counter(*w);
-                    c.value + (ev.total(k.event, k.filter).wrapping_sub(c.base) & MASK) > MASK
-                })
-            })
+            .filter(|w| self.advanced(*w, ev).is_some_and(|(sum, _)| sum > MASK))
             .fold(0, |m, w| m | w.bit())
     }
 
