@@ -131,15 +131,65 @@ uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
 uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
                                     uint32_t reg);
 
+/* The counting engine (x86 PMU): totals the generated code keeps. */
+/** RustkvmCounting.events[]: instructions retired at CPL > 0 ... */
+#define RUSTKVM_EV_INSNS_USER 0
+/** ... instructions retired at CPL 0 ... */
+#define RUSTKVM_EV_INSNS_KERNEL 1
+/** ... branch instructions retired at CPL > 0 ... */
+#define RUSTKVM_EV_BRANCHES_USER 2
+/** ... and at CPL 0. */
+#define RUSTKVM_EV_BRANCHES_KERNEL 3
+
+/**
+ * Per-vCPU counting state shared by QEMU's generated code and Rust (it
+ * lives in CPUX86State; Rust holds a pointer from rustkvm_x86_vcpu_setup).
+ * Only the vCPU's own thread touches it.
+ */
+typedef struct RustkvmCounting {
+    /** Monotonic event totals (RUSTKVM_EV_*), added per translation block. */
+    uint64_t events[4];
+    /**
+     * Instructions that may retire before a PMI can be due; the generated
+     * code subtracts each block's count and calls rustkvm_x86_pmu_due()
+     * when it reaches 0. INT64_MAX: no PMI armed.
+     */
+    int64_t budget;
+    /** The block being entered: its instruction and branch counts. */
+    uint32_t tb_insns;
+    /** (See tb_insns.) */
+    uint32_t tb_branches;
+    /** Nonzero while a counter counts instructions or branches (Rust sets it). */
+    uint32_t active;
+    /** Nonzero when a PMI is due (Rust sets it, QEMU delivers and clears it). */
+    uint32_t pmi;
+} RustkvmCounting;
+
+/* rustkvm_x86_vcpu_setup() `pmu` values. */
+/** No PMU (-cpu ...,pmu=off, the default). */
+#define RUSTKVM_PMU_NONE 0u
+/** Intel architectural PMU version 2 (-cpu <Intel vendor>,pmu=on). */
+#define RUSTKVM_PMU_INTEL 1u
+
+/**
+ * The PMI budget ran out with the block that was just entered: sync the
+ * counters (as if the whole block retired), set `pmi` if one is due, and
+ * compute the next budget. The caller has already split blocks so that
+ * the overflow is at the block's last instruction.
+ */
+void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
+
 /* x86 time (vCPU thread unless noted). */
 /**
  * After each reset of an x86 vCPU: the TSC frequency the CPU model asks for
  * (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's
- * choice is the VM's) and the KVM feature bits it advertises (CPUID
- * 0x40000001 EAX: kvmclock's stable bit follows them).
+ * choice is the VM's), the KVM feature bits it advertises (CPUID
+ * 0x40000001 EAX: kvmclock's stable bit follows them), its PMU
+ * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here).
  */
 void rustkvm_x86_vcpu_setup(RustkvmVcpu *vcpu, uint64_t tsc_khz,
-                            uint32_t kvm_features);
+                            uint32_t kvm_features, uint32_t pmu,
+                            RustkvmCounting *counting);
 /** RDTSC/RDTSCP (and RDMSR IA32_TSC): the guest TSC now. */
 uint64_t rustkvm_x86_rdtsc(RustkvmVcpu *vcpu);
 /**

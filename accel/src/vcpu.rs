@@ -5,7 +5,7 @@
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -17,6 +17,7 @@ use crate::vm::{Arch, Shared};
 use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
 use crate::x86::hypercall;
+use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 
 /// The answer of a routing point.
@@ -118,7 +119,18 @@ pub struct VcpuState {
     pub pvtime: PvTime,
     /// x86 TSC, TSC_ADJUST, kvmclock, TSC-deadline.
     pub clock: X86Clock,
+    /// x86 PMU registers.
+    pub pmu: Pmu,
+    /// Unhalted cycles: VM nanoseconds spent in guest code (PMU only) ...
+    pub unhalted_ns: u64,
+    /// ... and when the current stretch began (VM ns; 0: not in guest code).
+    pub run_since_ns: u64,
 }
+
+/// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
+pub const PMU_NONE: u32 = 0;
+/// Intel architectural PMU version 2.
+pub const PMU_INTEL: u32 = 1;
 
 /// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +164,9 @@ pub struct Vcpu {
     tid: AtomicI32,
     // x86: the KVM feature bits its CPUID advertises (set at reset).
     kvm_features: AtomicU32,
+    // x86: the counting engine's state in QEMU's CPUX86State (null until
+    // setup); only this vCPU's thread dereferences it.
+    counting: AtomicPtr<Counting>,
     shared: Arc<Shared>,
 }
 
@@ -171,6 +186,7 @@ impl Vcpu {
             routes: RouteCounters::default(),
             tid: AtomicI32::new(0),
             kvm_features: AtomicU32::new(0),
+            counting: AtomicPtr::new(std::ptr::null_mut()),
             shared,
         }
     }
@@ -229,7 +245,11 @@ impl Vcpu {
             self.tid
                 .store(crate::host::current_tid(), Ordering::Relaxed);
         }
-        self.enter_steal(&mut self.lock());
+        let mut s = self.lock();
+        if s.pmu.config.version != 0 {
+            s.run_since_ns = self.shared.virtual_ns().max(1);
+        }
+        self.enter_steal(&mut s);
     }
 
     /// Fold steal in at an entry into guest code (or a steal-time enable).
@@ -267,6 +287,11 @@ impl Vcpu {
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
         let mut s = self.lock();
+        if s.run_since_ns != 0 {
+            let now = self.shared.virtual_ns();
+            s.unhalted_ns += now.saturating_sub(s.run_since_ns);
+            s.run_since_ns = 0;
+        }
         if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
             let threading = self.shared.threading();
@@ -276,9 +301,61 @@ impl Vcpu {
     }
 
     /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
-    pub fn cpuid(&self, _leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
+    pub fn cpuid(&self, leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
         bump(&self.routes.cpuid);
+        if leaf == 0xa && self.arch == Arch::X86_64 {
+            let config = self.lock().pmu.config;
+            if config.version != 0 {
+                return Route::Handled(config.cpuid_0xa());
+            }
+        }
         Route::Unhandled
+    }
+
+    /// The counting engine's state, if QEMU gave it.
+    fn with_counting<R>(&self, f: impl FnOnce(&mut Counting) -> R) -> Option<R> {
+        let p = self.counting.load(Ordering::Relaxed);
+        // SAFETY: QEMU gives, in rustkvm_x86_vcpu_setup, a pointer into this
+        // vCPU's CPUX86State, which outlives the vCPU handle; only the
+        // vCPU's own thread calls the functions that reach here, so no other
+        // reference to it exists while `f` runs.
+        unsafe { p.as_mut() }.map(f)
+    }
+
+    /// The PMU's event totals now.
+    fn pmu_events(&self, s: &VcpuState) -> Events {
+        let mut ns = s.unhalted_ns;
+        if s.run_since_ns != 0 {
+            ns += self.shared.virtual_ns().saturating_sub(s.run_since_ns);
+        }
+        let cycles = self.shared.tsc_rate().ticks(ns);
+        self.with_counting(|c| c.events(cycles)).unwrap_or(Events {
+            cycles,
+            ref_cycles: cycles,
+            ..Events::default()
+        })
+    }
+
+    /// A PMU MSR read: None if `index` is not one (then not the PMU's).
+    fn pmu_rdmsr(&self, s: &VcpuState, index: u32) -> Option<Route<u64>> {
+        if !pmu::is_arch_pmu_msr(index) {
+            return None;
+        }
+        let ev = self.pmu_events(s);
+        Some(
+            s.pmu
+                .read_msr(index, &ev)
+                .map_or(Route::Fault, Route::Handled),
+        )
+    }
+
+    /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
+    pub fn pmu_due(&self) {
+        let mut s = self.lock();
+        let ev = self.pmu_events(&s);
+        let pmi = s.pmu.sync(&ev);
+        let pmu = s.pmu;
+        self.with_counting(|c| c.publish(&pmu, &ev, pmi));
     }
 
     /// RDMSR.
@@ -288,6 +365,9 @@ impl Vcpu {
             return Route::Unhandled;
         }
         let s = self.lock();
+        if let Some(r) = self.pmu_rdmsr(&s, index) {
+            return r;
+        }
         Route::Handled(match index {
             MSR_KVM_STEAL_TIME => s.steal.msr,
             clock::MSR_IA32_TSC => s
@@ -311,6 +391,17 @@ impl Vcpu {
         }
         let (rate, mem) = (self.shared.tsc_rate(), &*self.shared.host);
         let mut s = self.lock();
+        if pmu::is_arch_pmu_msr(index) {
+            let ev = self.pmu_events(&s);
+            return match s.pmu.write_msr(index, value, &ev) {
+                Ok(pmi) => {
+                    let pmu = s.pmu;
+                    self.with_counting(|c| c.publish(&pmu, &ev, pmi));
+                    Route::Handled(())
+                }
+                Err(_) => Route::Fault,
+            };
+        }
         let timer = match index {
             MSR_KVM_STEAL_TIME => match s.steal.write_msr(value) {
                 Ok(()) => {
@@ -357,10 +448,23 @@ impl Vcpu {
     }
 
     /// x86, after each reset: the CPU model's TSC frequency (0: default;
-    /// the first vCPU's sets the VM's) and advertised KVM feature bits.
-    pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32) {
+    /// the first vCPU's sets the VM's), advertised KVM feature bits, the
+    /// PMU (`PMU_*`) and the counting engine's state (reset here; null:
+    /// no engine, the PMU then only sees cycles).
+    pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32, pmu: u32, counting: *mut Counting) {
         self.shared.set_tsc_khz(tsc_khz);
         self.kvm_features.store(kvm_features, Ordering::Relaxed);
+        let config = if pmu == PMU_INTEL {
+            PmuConfig::TCG
+        } else {
+            PmuConfig::OFF
+        };
+        let mut s = self.lock();
+        s.pmu = Pmu::new(config);
+        s.unhalted_ns = 0;
+        s.run_since_ns = 0;
+        self.counting.store(counting, Ordering::Relaxed);
+        self.with_counting(|c| *c = Counting::default());
     }
 
     /// RDTSC: the guest TSC now.
@@ -431,9 +535,15 @@ impl Vcpu {
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
-    pub fn rdpmc(&self, _ecx: u32) -> Route<u64> {
+    pub fn rdpmc(&self, ecx: u32) -> Route<u64> {
         bump(&self.routes.rdpmc);
-        Route::Unhandled
+        if self.arch != Arch::X86_64 {
+            return Route::Unhandled;
+        }
+        let s = self.lock();
+        let ev = self.pmu_events(&s);
+        // With no PMU KVM's kvm_pmu_rdpmc fails too: #GP (TCG: #UD).
+        s.pmu.rdpmc(ecx, &ev).map_or(Route::Fault, Route::Handled)
     }
 
     /// A KVM hypercall (VMCALL/VMMCALL). IPIs are sent here; kicks and
@@ -564,7 +674,8 @@ mod tests {
         assert_eq!(v.cpuid(0x4000_0000, 0, [1, 2, 3, 4]), Route::Unhandled);
         assert_eq!(v.rdmsr(0x1b), Route::Unhandled);
         assert_eq!(v.wrmsr(0x1b, 0x1001), Route::Unhandled);
-        assert_eq!(v.rdpmc(0x4000_0000), Route::Unhandled);
+        assert_eq!(v.rdpmc(0x4000_0000), Route::Fault, "no PMU: #GP as KVM");
+        assert_eq!(v.rdmsr(0x186), Route::Fault, "no PMU: its MSRs #GP");
         let a = Vcpu::new(1, Arch::Aarch64);
         assert_eq!(
             a.hvc_smc(false, [0x8400_0000, 0, 0, 0, 0, 0, 0, 0]),
@@ -573,6 +684,42 @@ mod tests {
         );
         assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
         assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
+    }
+
+    #[test]
+    fn the_pmu_reads_the_engines_totals_and_publishes_what_it_needs() {
+        let v = Vcpu::new(0, Arch::X86_64);
+        let mut c = Box::new(Counting {
+            events: [7; 4],
+            budget: 3,
+            ..Counting::default()
+        });
+        v.x86_setup(0, 0, PMU_INTEL, &mut *c);
+        assert_eq!(*c, Counting::default(), "setup resets the engine");
+        let Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
+            panic!("CPUID 0xA is the PMU's");
+        };
+        assert_eq!(leaf[0] & 0xff, 2);
+        assert_eq!(v.rdmsr(0x345), Route::Fault, "no PDCM under TCG");
+        // PMC0 counts instructions at any CPL, with INT, 10 from the wrap.
+        let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | pmu::evtsel::INT | 0xc0;
+        assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
+        assert_eq!(v.wrmsr(0xc1, (-10i64) as u64), Route::Handled(()));
+        assert_eq!((c.active, c.budget), (1, 10));
+        c.events[0] += 3;
+        c.events[1] += 6;
+        assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff));
+        c.events[2] += 1;
+        assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff), "branches do not count");
+        c.events[1] += 1;
+        v.pmu_due();
+        assert_eq!(c.pmi, 1, "wrapped on the 10th instruction");
+        assert_eq!(v.rdmsr(0x38e), Route::Handled(1), "GLOBAL_STATUS");
+        assert_eq!(v.rdpmc(0), Route::Handled(0));
+        assert_eq!(v.wrmsr(0x38f, 0), Route::Handled(()));
+        assert_eq!((c.active, c.budget), (0, i64::MAX), "GLOBAL_CTRL stops it");
+        v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
+        assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
     }
 
     #[test]

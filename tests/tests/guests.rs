@@ -110,6 +110,12 @@ fn x86_routing_points_reach_rust_and_fall_back_to_tcg() {
     )
     .expect("ran");
     assert_eq!(measure(&tcg, "rdmsr.tsc.nonzero"), "false");
+    // No PMU: KVM #GPs the PMU's MSRs and RDPMC (kvm_pmu_rdpmc fails);
+    // stock TCG reads 0 and raises #UD.
+    assert_eq!(measure(&r, "rdmsr.perfevtsel0"), "fault:13:0");
+    assert_eq!(measure(&r, "rdpmc.0"), "fault:13:0");
+    assert_eq!(measure(&tcg, "rdmsr.perfevtsel0"), "ok:0");
+    assert_eq!(measure(&tcg, "rdpmc.0"), "fault:6:0");
     assert_eq!(n("hvc_smc"), 0, "{:?}", r.outcome.routes);
     assert!(n("resets") >= 1, "{:?}", r.outcome.routes);
 }
@@ -621,4 +627,37 @@ fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
             "{arch}: {text}"
         );
     }
+}
+
+#[test]
+fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
+    let _serial = serial();
+    // The guest asserts the counts; here: it ran (not skipped) under
+    // rustkvm in every variant, and stock TCG has no PMU to offer.
+    for variant in Variant::ALL {
+        let r = run_one("x86-pmu", Arch::X86_64, variant);
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{variant}: {}",
+            r.outcome.serial
+        );
+        assert!(
+            r.outcome.serial.contains("ok pmi.instructions.zero-skid"),
+            "{}",
+            r.outcome.serial
+        );
+    }
+    let tcg = run::run(
+        &find_test("x86-pmu"),
+        Arch::X86_64,
+        Variant::Default,
+        Backend::Tcg,
+    )
+    .expect("ran");
+    assert!(
+        matches!(tcg.outcome.status, Status::Skip(_)),
+        "{:?}",
+        tcg.outcome.status
+    );
 }

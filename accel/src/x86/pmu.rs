@@ -19,9 +19,10 @@
 //! points and from [`Pmu::until_overflow`], which tells the accelerator how
 //! many instructions may run before a counter wraps (for a zero-skid PMI).
 //!
-//! Status: the model is complete for the MSR interface and unit-tested; the
-//! TCG counting engine and the PMI are the next step of its issue, so the
-//! accelerator does not offer the PMU to guests yet.
+//! The totals come from QEMU's counting engine ([`Counting`], shared with
+//! the generated code: each translation block adds its instruction and
+//! branch counts when counters count, see `docs/pmu.md`); cycles come from
+//! the time the vCPU spends in guest code.
 
 use crate::x86::X86Error;
 
@@ -152,6 +153,80 @@ impl Events {
     }
 }
 
+/// Every MSR index of the architectural PMU rustkvm implements, whatever
+/// the configuration: with no PMU (or beyond the configured counters) KVM
+/// answers these with #GP, where stock TCG reads 0 and ignores writes.
+pub fn is_arch_pmu_msr(index: u32) -> bool {
+    let gp = MAX_GP as u32;
+    (MSR_IA32_PMC0..MSR_IA32_PMC0 + gp).contains(&index)
+        || (MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + gp).contains(&index)
+        || (MSR_IA32_PMC0_FULL..MSR_IA32_PMC0_FULL + gp).contains(&index)
+        || (MSR_CORE_PERF_FIXED_CTR0..MSR_CORE_PERF_FIXED_CTR0 + NUM_FIXED as u32).contains(&index)
+        || (MSR_CORE_PERF_FIXED_CTR_CTRL..=MSR_CORE_PERF_GLOBAL_OVF_CTRL).contains(&index)
+        || index == MSR_IA32_PERF_CAPABILITIES
+}
+
+/// The counting engine's per-vCPU state, shared with QEMU's generated code
+/// (`RustkvmCounting` in `rustkvm.h`, which lives in `CPUX86State`; the
+/// FFI layer checks the layouts agree). Only the vCPU's thread touches it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counting {
+    /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0, CPL 0.
+    pub events: [u64; 4],
+    /// Instructions that may retire before a PMI can be due (`i64::MAX`:
+    /// none armed); the engine calls back when it reaches 0.
+    pub budget: i64,
+    /// The block being entered: its instruction count (engine-owned).
+    pub tb_insns: u32,
+    /// The block being entered: its branch count (engine-owned).
+    pub tb_branches: u32,
+    /// Nonzero while a counter counts instructions or branches: the
+    /// engine then translates counting blocks.
+    pub active: u32,
+    /// Nonzero when a PMI is due (the engine delivers it and clears this).
+    pub pmi: u32,
+}
+
+impl Default for Counting {
+    fn default() -> Self {
+        Counting {
+            events: [0; 4],
+            budget: i64::MAX,
+            tb_insns: 0,
+            tb_branches: 0,
+            active: 0,
+            pmi: 0,
+        }
+    }
+}
+
+impl Counting {
+    /// The event totals, with `cycles` unhalted (and reference) cycles.
+    pub fn events(&self, cycles: u64) -> Events {
+        let e = self.events;
+        Events {
+            instructions: [e[0], e[1]],
+            branches: [e[2], e[3]],
+            cycles,
+            ref_cycles: cycles,
+        }
+    }
+
+    /// Tell the engine what `pmu` needs after it changed or synced with
+    /// `ev`: whether blocks must count, the next PMI budget, and a PMI if
+    /// `pmi` (counters that overflowed with their PMI enabled) is not 0.
+    pub fn publish(&mut self, pmu: &Pmu, ev: &Events, pmi: u64) {
+        self.active = u32::from(pmu.counts_retired());
+        self.budget = pmu
+            .until_overflow(ev)
+            .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        if pmi != 0 {
+            self.pmi = 1;
+        }
+    }
+}
+
 /// The PMU a vCPU is given (CPUID 0xA), from `-cpu ...,pmu=on`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PmuConfig {
@@ -175,6 +250,13 @@ impl PmuConfig {
         version: 2,
         gp: 4,
         full_width_writes: true,
+    };
+    /// What rustkvm gives `-cpu <Intel model>,pmu=on`: KVM's default without
+    /// PERF_CAPABILITIES, since TCG does not offer PDCM (CPUID.1:ECX[15]),
+    /// and KVM then zeroes the guest's perf capabilities.
+    pub const TCG: PmuConfig = PmuConfig {
+        full_width_writes: false,
+        ..PmuConfig::DEFAULT
     };
 
     fn gp(self) -> usize {
@@ -231,7 +313,7 @@ pub struct Counter {
 
 /// What a counter counts now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Counting {
+struct Selected {
     event: Event,
     filter: Filter,
 }
@@ -281,7 +363,22 @@ impl Which {
     }
 }
 
+impl Default for Pmu {
+    fn default() -> Self {
+        Pmu::new(PmuConfig::OFF)
+    }
+}
+
 impl Pmu {
+    /// Whether some counter counts retired instructions or branches now
+    /// (then the accelerator must count them).
+    pub fn counts_retired(&self) -> bool {
+        self.counters().any(|w| {
+            self.counting(w)
+                .is_some_and(|k| matches!(k.event, Event::Instructions | Event::Branches))
+        })
+    }
+
     /// A PMU in its reset state: everything 0 but IA32_PERF_GLOBAL_CTRL,
     /// whose GP enable bits are set at RESET (SDM: "Sets bits n-1:0 and
     /// clears the upper bits"; KVM since commit de120e1d692d, Linux 6.9).
@@ -301,7 +398,7 @@ impl Pmu {
         (0..gp).map(Which::Gp).chain((0..fixed).map(Which::Fixed))
     }
 
-    fn counting(&self, w: Which) -> Option<Counting> {
+    fn counting(&self, w: Which) -> Option<Selected> {
         let s = &self.state;
         if s.global_ctrl & w.bit() == 0 {
             return None;
@@ -315,7 +412,7 @@ impl Pmu {
                 {
                     return None;
                 }
-                Some(Counting {
+                Some(Selected {
                     event: Event::from_evtsel(sel)?,
                     filter: Filter {
                         usr: sel & evtsel::USR != 0,
@@ -329,7 +426,7 @@ impl Pmu {
                     os: ctl & 1 != 0,
                     usr: ctl & 2 != 0,
                 };
-                (filter.os || filter.usr).then_some(Counting {
+                (filter.os || filter.usr).then_some(Selected {
                     event: Event::fixed(i),
                     filter,
                 })
@@ -456,8 +553,8 @@ impl Pmu {
                     | MSR_CORE_PERF_GLOBAL_STATUS
                     | MSR_CORE_PERF_GLOBAL_CTRL
                     | MSR_CORE_PERF_GLOBAL_OVF_CTRL
-                    | MSR_IA32_PERF_CAPABILITIES
             )
+            || (index == MSR_IA32_PERF_CAPABILITIES && self.config.full_width_writes)
     }
 
     /// RDMSR; None for an MSR this PMU does not have (#GP).
@@ -653,7 +750,8 @@ mod tests {
             ..PmuConfig::DEFAULT
         });
         assert_eq!(no_fw.read_msr(0x4c1, &e), None, "no full-width MSRs");
-        assert_eq!(no_fw.read_msr(0x345, &e), Some(0));
+        // No PDCM, so KVM zeroes the perf capabilities: the MSR #GPs.
+        assert_eq!(no_fw.read_msr(0x345, &e), None);
     }
 
     #[test]
@@ -740,5 +838,44 @@ mod tests {
             last = v;
         }
         assert_eq!(last, 199 * 48);
+    }
+
+    #[test]
+    fn counting_tells_the_engine_when_to_count_and_when_a_pmi_can_be_due() {
+        let mut p = Pmu::new(PmuConfig::TCG);
+        let mut c = Counting::default();
+        let e = c.events(0);
+        c.publish(&p, &e, 0);
+        assert_eq!(
+            (c.active, c.budget, c.pmi),
+            (0, i64::MAX, 0),
+            "nothing counts"
+        );
+        // A cycles counter needs no counting blocks.
+        p.write_msr(0x186, evtsel::EN | evtsel::OS | 0x3c, &e)
+            .unwrap();
+        c.publish(&p, &e, 0);
+        assert_eq!(c.active, 0);
+        // Branches with INT, 100 before the wrap: blocks count, the budget
+        // is 100 instructions (a lower bound: every branch is one).
+        p.write_msr(0x187, evtsel::EN | evtsel::OS | evtsel::INT | 0xc4, &e)
+            .unwrap();
+        p.write_msr(0xc2, (MASK + 1 - 100) as u32 as u64, &e)
+            .unwrap();
+        c.publish(&p, &e, 0);
+        assert_eq!((c.active, c.budget), (1, 100));
+        c.events = [0, 400, 0, 100];
+        let e = c.events(0);
+        let pmi = p.sync(&e);
+        assert_eq!(pmi, 2, "counter 1 wrapped with INT");
+        c.publish(&p, &e, pmi);
+        assert_eq!(c.pmi, 1);
+        assert_eq!(
+            c.budget,
+            (MASK + 1) as i64,
+            "a full period to the next wrap"
+        );
+        assert!(is_arch_pmu_msr(0x38f) && is_arch_pmu_msr(0x4c8) && is_arch_pmu_msr(0x345));
+        assert!(!is_arch_pmu_msr(0x391) && !is_arch_pmu_msr(0xc9) && !is_arch_pmu_msr(0x30c));
     }
 }

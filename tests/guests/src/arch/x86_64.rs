@@ -164,6 +164,18 @@ guest_isr\n:
     ISR 16,0; ISR 17,1; ISR 18,0; ISR 19,0; ISR 20,0; ISR 21,1; ISR 22,0; ISR 23,0
     ISR 24,0; ISR 25,0; ISR 26,0; ISR 27,0; ISR 28,0; ISR 29,1; ISR 30,1; ISR 31,0
 
+    /*
+     * NMI (vector 2): count it and remember where it interrupted, then
+     * return there (PMU tests deliver their PMI as an NMI).
+     */
+guest_nmi:
+    incq guest_nmi_count(%rip)
+    push %rax
+    mov 8(%rsp), %rax
+    mov %rax, guest_nmi_rip(%rip)
+    pop %rax
+    iretq
+
 guest_isr_common:
     /* stack: rax, vector, error code, rip, cs, rflags, rsp, ss */
     push %rax
@@ -191,7 +203,8 @@ guest_isr_common:
     .p2align 3
     .global guest_isr_table
 guest_isr_table:
-    .irp n, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .quad guest_isr0, guest_isr1, guest_nmi
+    .irp n, 3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
     .quad guest_isr\n
     .endr
 guest_gdt:
@@ -212,6 +225,9 @@ guest_recover_rip:  .quad 0
 guest_ap_stack_top: .quad 0
 guest_fault_vector: .quad 0xff
 guest_fault_error:  .quad 0
+    .global guest_nmi_count, guest_nmi_rip
+guest_nmi_count:    .quad 0
+guest_nmi_rip:      .quad 0
 
     .section .bss
     .p2align 12
@@ -235,6 +251,19 @@ extern "C" {
     static mut guest_idt: [u64; 64];
     static mut guest_fault_vector: u64;
     static mut guest_fault_error: u64;
+    static mut guest_nmi_count: u64;
+    static mut guest_nmi_rip: u64;
+}
+
+/// NMIs taken so far, and the RIP the last one interrupted.
+pub fn nmis() -> (u64, u64) {
+    // SAFETY: plain reads of words the NMI stub writes.
+    unsafe {
+        (
+            (&raw const guest_nmi_count).read_volatile(),
+            (&raw const guest_nmi_rip).read_volatile(),
+        )
+    }
 }
 
 /// Load the (already filled) IDT on this CPU.

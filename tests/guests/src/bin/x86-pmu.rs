@@ -1,0 +1,380 @@
+//! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off
+//!
+//! The Intel architectural PMU (version 2) a KVM guest gets with `pmu=on`
+//! (Intel SDM vol. 3 ch. 20; Linux `arch/x86/kvm/pmu.c`,
+//! `vmx/pmu_intel.c`), counted exactly: CPUID 0xA; instructions and
+//! branches retired of known code on GP and fixed counters; GLOBAL_CTRL and
+//! the USR/OS filters gate counting; RDPMC and RDMSR read the count before
+//! themselves; the WRMSR that enables counting counts (KVM counts the
+//! instructions it emulates), the one that disables it does not; an
+//! instruction that faults does not retire (nor does the rest of its
+//! block); a REP string instruction retires once, however many iterations;
+//! a counter that overflows with INT set raises exactly one PMI through
+//! LVTPC (here an NMI), right after the instruction that wrapped it (zero
+//! skid), sets GLOBAL_STATUS and masks LVTPC. Every guest instruction runs
+//! at CPL 0. SKIPs where CPUID 0xA reports no PMU (plain TCG).
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-pmu", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod pmu {
+    use core::arch::asm;
+    use guest::arch::{self, lapic_reg, nmis, set_lapic_reg};
+    use guest::Test;
+
+    /// IA32_PMC0 (GP counter 0; PMC1 follows).
+    const PMC0: u32 = 0xc1;
+    /// IA32_PERFEVTSEL0.
+    const EVTSEL0: u32 = 0x186;
+    /// IA32_FIXED_CTR0 (instructions retired).
+    const FIXED_CTR0: u32 = 0x309;
+    /// IA32_FIXED_CTR_CTRL.
+    const FIXED_CTR_CTRL: u32 = 0x38d;
+    /// IA32_PERF_GLOBAL_STATUS.
+    const GLOBAL_STATUS: u32 = 0x38e;
+    /// IA32_PERF_GLOBAL_CTRL.
+    const GLOBAL_CTRL: u32 = 0x38f;
+    /// IA32_PERF_GLOBAL_OVF_CTRL.
+    const GLOBAL_OVF_CTRL: u32 = 0x390;
+    /// PERFEVTSEL: count at CPL > 0, at CPL 0, PMI on overflow, enable.
+    const USR: u64 = 1 << 16;
+    const OS: u64 = 1 << 17;
+    const INT: u64 = 1 << 20;
+    const EN: u64 = 1 << 22;
+    /// Architectural events: instructions retired, branches retired.
+    const INSNS: u64 = 0xc0;
+    const BRANCHES: u64 = 0xc4;
+    /// Local APIC: spurious-interrupt vector register and LVT performance
+    /// counter register (delivery mode NMI = 100b in bits 10:8; mask bit 16).
+    const SVR: u32 = 0xf0;
+    const LVTPC: u32 = 0x340;
+    const LVT_NMI: u32 = 4 << 8;
+    const LVT_MASKED: u32 = 1 << 16;
+    /// GLOBAL_CTRL: GP counters 0 and 1, fixed counter 0.
+    const ALL: u64 = 0b11 | 1 << 32;
+    /// A non-canonical address: loading from it raises #GP.
+    const NON_CANONICAL: u64 = 0x8000_0000_0000_0000;
+
+    fn wr(index: u32, value: u64) {
+        arch::wrmsr(index, value).expect("PMU MSR write");
+    }
+
+    fn rd(index: u32) -> u64 {
+        arch::rdmsr(index).expect("PMU MSR read")
+    }
+
+    /// Everything stopped and zero; PMC0 counts instructions, PMC1
+    /// branches (`sel` adds bits to both), FIXED_CTR0 instructions.
+    fn program(sel: u64) {
+        wr(GLOBAL_CTRL, 0);
+        wr(EVTSEL0, EN | sel | INSNS);
+        wr(EVTSEL0 + 1, EN | sel | BRANCHES);
+        wr(FIXED_CTR_CTRL, 0b11);
+        for c in [PMC0, PMC0 + 1, FIXED_CTR0] {
+            wr(c, 0);
+        }
+    }
+
+    /// (PMC0, PMC1, FIXED_CTR0).
+    fn counts() -> (u64, u64, u64) {
+        (rd(PMC0), rd(PMC0 + 1), rd(FIXED_CTR0))
+    }
+
+    /// Enable `enable` (GLOBAL_CTRL), run `dec r8; jnz` `n` times, disable.
+    /// Counted: the enabling WRMSR, the mov, 2n loop instructions and the
+    /// three instructions before the disabling WRMSR: 2n + 5; n branches.
+    fn counted_loop(enable: u64, n: u64) {
+        // SAFETY: WRMSR of GLOBAL_CTRL (CPL 0) and register arithmetic.
+        unsafe {
+            asm!(
+                "wrmsr",
+                "mov r8, {n}",
+                "2:",
+                "dec r8",
+                "jnz 2b",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                n = in(reg) n,
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") enable as u32 => _,
+                inout("edx") (enable >> 32) as u32 => _,
+                out("r8") _,
+                options(nostack),
+            );
+        }
+    }
+
+    /// Enable, then RDPMC `ecx` right after one more instruction.
+    fn rdpmc_in_flight(ecx: u32) -> u64 {
+        let (lo, hi): (u32, u32);
+        // SAFETY: WRMSR of GLOBAL_CTRL and RDPMC at CPL 0.
+        unsafe {
+            asm!(
+                "wrmsr",
+                "mov ecx, {sel:e}",
+                "rdpmc",
+                "mov {lo:e}, eax",
+                "mov {hi:e}, edx",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                sel = in(reg) ecx,
+                lo = out(reg) lo,
+                hi = out(reg) hi,
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") ALL as u32 => _,
+                inout("edx") (ALL >> 32) as u32 => _,
+                options(nostack),
+            );
+        }
+        u64::from(hi) << 32 | u64::from(lo)
+    }
+
+    /// Enable, load from `addr` (a fault resumes after the load), jump
+    /// (the block's branch), disable. The load and the jump share a block.
+    fn load_then_jump(addr: u64) {
+        // SAFETY: the IDT stub resumes at label 3 if the load faults; the
+        // rest is WRMSR of GLOBAL_CTRL.
+        unsafe {
+            asm!(
+                "lea {tmp}, [rip + 3f]",
+                "mov [rip + guest_recover_rip], {tmp}",
+                "wrmsr",
+                "mov {tmp}, [{addr}]",
+                "3:",
+                "jmp 4f",
+                "4:",
+                "mov qword ptr [rip + guest_recover_rip], 0",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                addr = in(reg) addr,
+                tmp = out(reg) _,
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") ALL as u32 => _,
+                inout("edx") (ALL >> 32) as u32 => _,
+                options(nostack),
+            );
+        }
+        // The stub recorded the fault; consume it so later catches are clean.
+        let _ = arch::rdmsr(GLOBAL_STATUS);
+    }
+
+    static mut BUF: [u8; 80_000] = [0; 80_000];
+
+    /// Enable, `rep stosb` of `len` bytes, disable: 6 instructions counted.
+    fn rep_stosb(len: u64) {
+        // SAFETY: stores stay inside BUF (len <= its size).
+        unsafe {
+            asm!(
+                "wrmsr",
+                "mov rcx, r9",
+                "rep stosb",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                inout("rdi") (&raw mut BUF) as u64 => _,
+                in("r9") len.min(80_000),
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") ALL as u32 => _,
+                inout("edx") (ALL >> 32) as u32 => _,
+                options(nostack),
+            );
+        }
+    }
+
+    /// Enable (`enable`), run 40 NOPs, disable; returns the first NOP's address.
+    fn nop_sled(enable: u64) -> u64 {
+        let sled: u64;
+        // SAFETY: WRMSR of GLOBAL_CTRL and NOPs.
+        unsafe {
+            asm!(
+                "lea {sled}, [rip + 5f]",
+                "wrmsr",
+                "5:",
+                ".rept 40",
+                "nop",
+                ".endr",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                sled = out(reg) sled,
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") enable as u32 => _,
+                inout("edx") (enable >> 32) as u32 => _,
+                options(nostack),
+            );
+        }
+        sled
+    }
+
+    /// Enable, run `dec r8; jnz` `n` times, disable; returns the loop head.
+    fn branch_loop(enable: u64, n: u64) -> u64 {
+        let head: u64;
+        // SAFETY: as counted_loop.
+        unsafe {
+            asm!(
+                "lea {head}, [rip + 6f]",
+                "wrmsr",
+                "mov r8, {n}",
+                "6:",
+                "dec r8",
+                "jnz 6b",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                n = in(reg) n,
+                head = out(reg) head,
+                inout("ecx") GLOBAL_CTRL => _,
+                inout("eax") enable as u32 => _,
+                inout("edx") (enable >> 32) as u32 => _,
+                out("r8") _,
+                options(nostack),
+            );
+        }
+        head
+    }
+
+    /// Arm a PMI: counter `c` (GP) counts `event` with INT and overflows
+    /// on the `period`-th event (legacy PMC writes sign-extend bit 31).
+    fn arm_pmi(c: u32, event: u64, period: u64) {
+        wr(GLOBAL_CTRL, 0);
+        wr(GLOBAL_OVF_CTRL, ALL);
+        wr(EVTSEL0, 0);
+        wr(EVTSEL0 + 1, 0);
+        wr(FIXED_CTR_CTRL, 0);
+        wr(EVTSEL0 + c, EN | OS | USR | INT | event);
+        wr(PMC0 + c, period.wrapping_neg() & 0xffff_ffff);
+        set_lapic_reg(LVTPC, LVT_NMI);
+    }
+
+    pub fn main(t: &mut Test) {
+        let leaf = arch::cpuid(0xa, 0);
+        let version = leaf[0] & 0xff;
+        if arch::cpuid(0, 0)[0] < 0xa || version == 0 {
+            t.skip("x86-pmu", "CPUID 0xA: no architectural PMU");
+            return;
+        }
+        t.eq("cpuid.0xa.version", version, 2);
+        t.eq("cpuid.0xa.gp-counters", (leaf[0] >> 8) & 0xff, 4);
+        t.eq("cpuid.0xa.gp-width", (leaf[0] >> 16) & 0xff, 48);
+        t.eq("cpuid.0xa.fixed-counters", leaf[3] & 0x1f, 3);
+        t.eq("cpuid.0xa.fixed-width", (leaf[3] >> 5) & 0xff, 48);
+        t.eq("global-ctrl.reset", rd(GLOBAL_CTRL), 0xf);
+
+        for n in [1u64, 1000, 100_000] {
+            program(OS | USR);
+            counted_loop(ALL, n);
+            let (insns, branches, fixed) = counts();
+            t.eq("loop.instructions", (n, insns), (n, 2 * n + 5));
+            t.eq("loop.branches", (n, branches), (n, n));
+            t.eq("loop.fixed-instructions", (n, fixed), (n, 2 * n + 5));
+        }
+
+        // GLOBAL_CTRL gates each counter; USR-only counts nothing at CPL 0.
+        program(OS | USR);
+        counted_loop(1 << 32, 100);
+        t.eq("global-ctrl.gates", counts(), (0, 0, 205));
+        program(USR);
+        counted_loop(ALL, 100);
+        t.eq("usr-only.at-cpl0", counts(), (0, 0, 205));
+        program(OS);
+        counted_loop(ALL, 100);
+        t.eq("os-only.at-cpl0", counts(), (205, 100, 205));
+
+        // RDPMC reads the count before itself (the enabling WRMSR and the
+        // mov): GP counter 0 and fixed counter 0 (ECX bit 30).
+        program(OS | USR);
+        t.eq("rdpmc.gp.in-flight", rdpmc_in_flight(0), 2);
+        program(OS | USR);
+        t.eq("rdpmc.fixed.in-flight", rdpmc_in_flight(1 << 30), 2);
+
+        // A load that faults does not retire, and neither does the branch
+        // after it in its block until it really runs; the #GP stub's 15
+        // instructions (3 branches: jmp, jz, iretq) do.
+        program(OS | USR);
+        let word = 0u64;
+        load_then_jump(&raw const word as u64);
+        let (ok_insns, ok_branches, _) = counts();
+        program(OS | USR);
+        load_then_jump(NON_CANONICAL);
+        let (gp_insns, gp_branches, _) = counts();
+        t.eq("fault.instructions", (ok_insns, gp_insns), (7, 7 - 1 + 15));
+        t.eq("fault.branches", (ok_branches, gp_branches), (1, 1 + 3));
+
+        // REP STOSB retires once: 0 bytes, 4 KiB, and more than QEMU's
+        // 65535 iterations per block run.
+        for len in [0u64, 4096, 70_000] {
+            program(OS | USR);
+            rep_stosb(len);
+            t.eq("rep-stosb.instructions", (len, counts().0), (len, 6));
+        }
+
+        // Overflow: PMC0 (instructions, INT) wraps on the 10th instruction
+        // after enabling; that is the enabling WRMSR and 9 NOPs, so the NMI
+        // interrupts the 10th NOP. The 40 NOPs, 3 more instructions and
+        // the NMI stub's 6 then count on from 0.
+        set_lapic_reg(SVR, 0x1ff);
+        let (n0, _) = nmis();
+        arm_pmi(0, INSNS, 10);
+        let sled = nop_sled(1);
+        let (n1, rip) = nmis();
+        t.eq("pmi.instructions.count", n1 - n0, 1);
+        t.eq("pmi.instructions.zero-skid", rip.wrapping_sub(sled), 9);
+        t.eq("pmi.instructions.status", rd(GLOBAL_STATUS), 1);
+        t.eq(
+            "pmi.instructions.counter-after",
+            rd(PMC0),
+            1 + 40 + 3 + 6 - 10,
+        );
+        t.check(
+            "pmi.lvtpc-masked",
+            lapic_reg(LVTPC) & LVT_MASKED != 0,
+            format_args!("LVTPC {:#x}", lapic_reg(LVTPC)),
+        );
+        wr(GLOBAL_OVF_CTRL, 1);
+        t.eq("global-ovf-ctrl.clears", rd(GLOBAL_STATUS), 0);
+
+        // PMC1 (branches, INT) wraps on the 5th JNZ: the NMI comes back to
+        // the loop head right after it.
+        let (n0, _) = nmis();
+        arm_pmi(1, BRANCHES, 5);
+        let head = branch_loop(2, 20);
+        let (n1, rip) = nmis();
+        t.eq("pmi.branches.count", n1 - n0, 1);
+        t.eq("pmi.branches.zero-skid", rip, head);
+        t.eq("pmi.branches.status", rd(GLOBAL_STATUS), 2);
+        // (15 JNZ after the overflow, then the stub's IRETQ)
+        t.eq("pmi.branches.counter-after", rd(PMC0 + 1), 16);
+
+        // Masked LVTPC: the overflow sets the status bit, no NMI.
+        let (n0, _) = nmis();
+        arm_pmi(0, INSNS, 10);
+        set_lapic_reg(LVTPC, LVT_NMI | LVT_MASKED);
+        nop_sled(1);
+        t.eq("pmi.masked.count", nmis().0 - n0, 0);
+        t.eq("pmi.masked.status", rd(GLOBAL_STATUS), 1);
+        wr(GLOBAL_CTRL, 0);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    pmu::main(t);
+}
