@@ -710,7 +710,11 @@ mod tests {
         c.events[1] += 6;
         assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff));
         c.events[2] += 1;
-        assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff), "branches do not count");
+        assert_eq!(
+            v.rdpmc(0),
+            Route::Handled(0xffff_ffff_ffff),
+            "branches do not count"
+        );
         c.events[1] += 1;
         v.pmu_due();
         assert_eq!(c.pmi, 1, "wrapped on the 10th instruction");
