@@ -224,10 +224,26 @@ typedef struct RustkvmX86Msrs {
     uint64_t system_time;
     /** MSR_KVM_WALL_CLOCK(_NEW) (CPUX86State::wall_clock_msr). */
     uint64_t wall_clock;
+    /** IA32_FIXED_CTR_CTRL (CPUX86State::msr_fixed_ctr_ctrl). */
+    uint64_t pmu_fixed_ctr_ctrl;
+    /** IA32_PERF_GLOBAL_CTRL (CPUX86State::msr_global_ctrl). */
+    uint64_t pmu_global_ctrl;
+    /** IA32_PERF_GLOBAL_STATUS (CPUX86State::msr_global_status). */
+    uint64_t pmu_global_status;
+    /** IA32_FIXED_CTRx values (CPUX86State::msr_fixed_counters). */
+    uint64_t pmu_fixed[3];
+    /** IA32_PMCx values (CPUX86State::msr_gp_counters). */
+    uint64_t pmu_gp[8];
+    /** IA32_PERFEVTSELx (CPUX86State::msr_gp_evtsel). */
+    uint64_t pmu_evtsel[8];
 } RustkvmX86Msrs;
 /** Copy the MSRs out, before QEMU saves the vCPU. */
 void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);
-/** Take them back, after QEMU loaded the vCPU (values KVM would refuse are dropped). */
+/**
+ * Take them back, after QEMU loaded the vCPU (values KVM would refuse are
+ * dropped; the PMU's counters continue from their saved values, and
+ * RustkvmCounting.active says whether the vCPU's blocks must count).
+ */
 void rustkvm_x86_load_msrs(RustkvmVcpu *vcpu, const RustkvmX86Msrs *msrs);
 
 /* x86 hypercalls (VMCALL/VMMCALL, vCPU thread). */

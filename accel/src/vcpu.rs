@@ -147,6 +147,8 @@ pub struct SavedMsrs {
     pub system_time: u64,
     /// MSR_KVM_WALL_CLOCK(_NEW).
     pub wall_clock: u64,
+    /// The PMU's registers.
+    pub pmu: pmu::PmuRegs,
 }
 
 /// One vCPU of a [`crate::Vm`].
@@ -513,6 +515,7 @@ impl Vcpu {
             tsc_deadline: s.clock.tsc_deadline,
             system_time: s.clock.system_time_msr,
             wall_clock: self.shared.wall_clock_msr.load(Ordering::Relaxed),
+            pmu: s.pmu.save(&self.pmu_events(&s)),
         }
     }
 
@@ -532,6 +535,10 @@ impl Vcpu {
         self.shared
             .wall_clock_msr
             .store(m.wall_clock, Ordering::Relaxed);
+        let ev = self.pmu_events(&s);
+        s.pmu.load(&m.pmu, &ev);
+        let pmu = s.pmu;
+        self.with_counting(|c| c.publish(&pmu, &ev, 0));
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).

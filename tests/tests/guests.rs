@@ -661,3 +661,13 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
         tcg.outcome.status
     );
 }
+
+#[test]
+fn x86_pmu_counters_survive_migration_exactly() {
+    let _serial = serial();
+    let serial = migrate_midway(Arch::X86_64, "x86-pmu-migrate", Variant::Default, 1);
+    for check in ["pmc0.instructions", "pmc1.branches", "fixed0.instructions"] {
+        assert!(serial.contains(&format!("ok {check}")), "{serial}");
+    }
+    assert!(!serial.contains("not ok"), "{serial}");
+}

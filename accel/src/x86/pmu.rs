@@ -227,6 +227,25 @@ impl Counting {
     }
 }
 
+/// The PMU registers as QEMU saves them (its `CPUX86State` PMU MSR homes,
+/// vmstate subsection `cpu/msr_architectural_pmu`): counter values, not
+/// the event totals behind them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PmuRegs {
+    /// IA32_FIXED_CTR_CTRL.
+    pub fixed_ctrl: u64,
+    /// IA32_PERF_GLOBAL_CTRL.
+    pub global_ctrl: u64,
+    /// IA32_PERF_GLOBAL_STATUS (including overflows not yet synced).
+    pub global_status: u64,
+    /// IA32_FIXED_CTRx.
+    pub fixed: [u64; NUM_FIXED],
+    /// IA32_PMCx.
+    pub gp: [u64; MAX_GP],
+    /// IA32_PERFEVTSELx.
+    pub evtsel: [u64; MAX_GP],
+}
+
 /// The PMU a vCPU is given (CPUID 0xA), from `-cpu ...,pmu=on`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PmuConfig {
@@ -377,6 +396,55 @@ impl Pmu {
             self.counting(w)
                 .is_some_and(|k| matches!(k.event, Event::Instructions | Event::Branches))
         })
+    }
+
+    /// The registers to save, with the events `ev` now (nothing changes).
+    pub fn save(&self, ev: &Events) -> PmuRegs {
+        let mut r = PmuRegs {
+            fixed_ctrl: self.state.fixed_ctrl,
+            global_ctrl: self.state.global_ctrl,
+            global_status: self.state.global_status | self.pending_status(ev),
+            ..PmuRegs::default()
+        };
+        for w in self.counters() {
+            match w {
+                Which::Gp(i) => {
+                    r.gp[i] = self.value(w, ev);
+                    r.evtsel[i] = self.state.evtsel[i];
+                }
+                Which::Fixed(i) => r.fixed[i] = self.value(w, ev),
+            }
+        }
+        r
+    }
+
+    /// Load saved registers (loadvm, incoming migration) with the events
+    /// `ev` now: counters continue from their saved values. What this PMU
+    /// does not have, or a value KVM would refuse, is dropped (reset value).
+    pub fn load(&mut self, r: &PmuRegs, ev: &Events) {
+        let cfg = self.config;
+        *self = Pmu::new(cfg);
+        if cfg.version == 0 {
+            return;
+        }
+        let s = &mut self.state;
+        if r.fixed_ctrl & !cfg.fixed_ctrl_mask() == 0 {
+            s.fixed_ctrl = r.fixed_ctrl;
+        }
+        if r.global_ctrl & !cfg.global_ctrl_mask() == 0 {
+            s.global_ctrl = r.global_ctrl;
+        }
+        s.global_status = r.global_status & cfg.global_ctrl_mask();
+        for i in 0..cfg.gp() {
+            if r.evtsel[i] & EVTSEL_RESERVED == 0 {
+                s.evtsel[i] = r.evtsel[i];
+            }
+            s.gp[i].value = r.gp[i] & MASK;
+        }
+        for i in 0..cfg.fixed() {
+            s.fixed[i].value = r.fixed[i] & MASK;
+        }
+        self.rebase(ev);
     }
 
     /// A PMU in its reset state: everything 0 but IA32_PERF_GLOBAL_CTRL,
@@ -877,5 +945,39 @@ mod tests {
         );
         assert!(is_arch_pmu_msr(0x38f) && is_arch_pmu_msr(0x4c8) && is_arch_pmu_msr(0x345));
         assert!(!is_arch_pmu_msr(0x391) && !is_arch_pmu_msr(0xc9) && !is_arch_pmu_msr(0x30c));
+    }
+
+    #[test]
+    fn saved_registers_continue_counting_in_another_engine() {
+        let mut p = Pmu::new(PmuConfig::TCG);
+        let e0 = ev(100, 50);
+        p.write_msr(0x186, INSNS_USR_OS, &e0).unwrap();
+        p.write_msr(0xc1, (MASK - 9) as u32 as u64, &e0).unwrap();
+        p.write_msr(0x38d, 0xb, &e0).unwrap();
+        p.write_msr(0x38f, 0x1_0000_0001, &e0).unwrap();
+        let e1 = ev(110, 55);
+        let saved = p.save(&e1);
+        assert_eq!(saved.gp[0], 5, "wrapped after 10 of the 15");
+        assert_eq!(saved.global_status, 1, "the wrap not yet synced is saved");
+        assert_eq!(saved.fixed[0], 15);
+        // A fresh engine elsewhere: totals restart from 0.
+        let mut q = Pmu::new(PmuConfig::TCG);
+        let f0 = ev(0, 0);
+        q.load(&saved, &f0);
+        let f1 = ev(3, 4);
+        assert_eq!(q.value(Which::Gp(0), &f1), 12);
+        assert_eq!(q.value(Which::Fixed(0), &f1), 22);
+        assert_eq!(q.read_msr(0x38e, &f1), Some(1));
+        assert_eq!(q.save(&f0), saved, "a round trip changes nothing");
+        // Reserved bits are dropped, as KVM refuses them.
+        let mut bad = saved;
+        bad.evtsel[0] |= 1 << 21;
+        bad.global_ctrl |= 1 << 40;
+        q.load(&bad, &f0);
+        assert_eq!(q.state.evtsel[0], 0);
+        assert_eq!(q.state.global_ctrl, 0xf);
+        let mut none = Pmu::new(PmuConfig::OFF);
+        none.load(&saved, &f0);
+        assert_eq!(none, Pmu::new(PmuConfig::OFF));
     }
 }
