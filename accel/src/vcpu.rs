@@ -51,13 +51,15 @@ pub struct RouteCounts {
     pub pmu_read: u64,
     /// arm64 PMU system register writes.
     pub pmu_write: u64,
+    /// PMU overflow interrupts raised (x86 LVTPC).
+    pub pmi: u64,
 }
 
 impl fmt::Display for RouteCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hypercall={} hvc_smc={} pmu_read={} pmu_write={}",
+            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hypercall={} hvc_smc={} pmu_read={} pmu_write={} pmi={}",
             self.cpuid,
             self.rdmsr,
             self.wrmsr,
@@ -65,7 +67,8 @@ impl fmt::Display for RouteCounts {
             self.hypercall,
             self.hvc_smc,
             self.pmu_read,
-            self.pmu_write
+            self.pmu_write,
+            self.pmi
         )
     }
 }
@@ -83,6 +86,7 @@ pub struct RouteCounters {
     hvc_smc: AtomicU64,
     pmu_read: AtomicU64,
     pmu_write: AtomicU64,
+    pmi: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -102,6 +106,7 @@ impl RouteCounters {
             hvc_smc: g(&self.hvc_smc),
             pmu_read: g(&self.pmu_read),
             pmu_write: g(&self.pmu_write),
+            pmi: g(&self.pmi),
         }
     }
 }
@@ -351,13 +356,20 @@ impl Vcpu {
         )
     }
 
+    /// Tell the engine what the PMU needs now (and raise a PMI for `pmi`).
+    fn pmu_publish(&self, pmu: &Pmu, ev: &Events, pmi: u64) {
+        if pmi != 0 {
+            bump(&self.routes.pmi);
+        }
+        self.with_counting(|c| c.publish(pmu, ev, pmi));
+    }
+
     /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
     pub fn pmu_due(&self) {
         let mut s = self.lock();
         let ev = self.pmu_events(&s);
         let pmi = s.pmu.sync(&ev);
-        let pmu = s.pmu;
-        self.with_counting(|c| c.publish(&pmu, &ev, pmi));
+        self.pmu_publish(&s.pmu, &ev, pmi);
     }
 
     /// RDMSR.
@@ -397,8 +409,7 @@ impl Vcpu {
             let ev = self.pmu_events(&s);
             return match s.pmu.write_msr(index, value, &ev) {
                 Ok(pmi) => {
-                    let pmu = s.pmu;
-                    self.with_counting(|c| c.publish(&pmu, &ev, pmi));
+                    self.pmu_publish(&s.pmu, &ev, pmi);
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
@@ -537,8 +548,7 @@ impl Vcpu {
             .store(m.wall_clock, Ordering::Relaxed);
         let ev = self.pmu_events(&s);
         s.pmu.load(&m.pmu, &ev);
-        let pmu = s.pmu;
-        self.with_counting(|c| c.publish(&pmu, &ev, 0));
+        self.pmu_publish(&s.pmu, &ev, 0);
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).

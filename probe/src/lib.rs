@@ -27,7 +27,7 @@ pub const N1: u64 = 1_000_000;
 /// See [`N1`].
 pub const N2: u64 = 2_000_000;
 /// Sampling period, in instructions.
-pub const SAMPLE_PERIOD: u64 = 10_000;
+pub const SAMPLE_PERIOD: u64 = 100_000;
 
 /// Probe settings.
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +117,7 @@ pub fn sampling_report() -> Json {
                 .set("period", SAMPLE_PERIOD)
                 .set("samples", s.samples)
                 .set("lost", s.lost)
+                .set("throttled", s.throttled)
                 .set("expected_about", expected);
             o
         }

@@ -26,6 +26,9 @@ pub const SAMPLE_IP: u64 = 1 << 0;
 pub const RECORD_LOST: u32 = 2;
 /// PERF_RECORD_SAMPLE.
 pub const RECORD_SAMPLE: u32 = 9;
+/// PERF_RECORD_THROTTLE: the kernel stopped sampling until the next tick
+/// (too many samples per tick, `kernel.perf_event_max_sample_rate`).
+pub const RECORD_THROTTLE: u32 = 5;
 
 /// `_IO('$', 0)`.
 const IOC_ENABLE: u64 = 0x2400;
@@ -182,6 +185,8 @@ pub struct Samples {
     pub samples: u64,
     /// Records the kernel reported lost.
     pub lost: u64,
+    /// Times the kernel throttled the event (no samples until its next tick).
+    pub throttled: u64,
 }
 
 /// Sample `config` every `period` events around `work`, and count the
@@ -233,6 +238,7 @@ pub fn sample_around(config: u64, period: u64, work: impl FnOnce()) -> io::Resul
         let mut out = Samples {
             samples: 0,
             lost: 0,
+            throttled: 0,
         };
         let mut pos = head.saturating_sub(size);
         while pos + 8 <= head {
@@ -256,6 +262,7 @@ pub fn sample_around(config: u64, period: u64, work: impl FnOnce()) -> io::Resul
             match ty {
                 RECORD_SAMPLE => out.samples += 1,
                 RECORD_LOST => out.lost += lost,
+                RECORD_THROTTLE => out.throttled += 1,
                 _ => {}
             }
             pos += u64::from(rsize);

@@ -41,6 +41,8 @@ pub struct Config {
     /// Seconds the guest idles before the probe runs (`rustkvm.soak=`):
     /// time for the clocksource watchdog to complain, if it would.
     pub soak_s: u32,
+    /// x86: an Intel-vendor CPU with `pmu=on` (the architectural PMU).
+    pub pmu: bool,
 }
 
 impl Config {
@@ -51,7 +53,11 @@ impl Config {
         } else {
             ""
         };
-        format!("{}/{}{thread}/smp{}", self.arch, self.backend, self.smp)
+        let pmu = if self.pmu { ",pmu" } else { "" };
+        format!(
+            "{}/{}{thread}{pmu}/smp{}",
+            self.arch, self.backend, self.smp
+        )
     }
 }
 
@@ -134,7 +140,11 @@ pub fn command_args(
 ) -> Vec<String> {
     let (machine, cpu, console) = match (config.arch, config.backend) {
         // -arch-capabilities: QEMU aborts on MSR 0x10a with kvm_pvm otherwise.
+        (Arch::X86_64, Backend::Kvm) if config.pmu => {
+            ("pc", "host,-arch-capabilities,pmu=on", "ttyS0")
+        }
         (Arch::X86_64, Backend::Kvm) => ("pc", "host,-arch-capabilities", "ttyS0"),
+        (Arch::X86_64, _) if config.pmu => ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0"),
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
@@ -418,10 +428,11 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
     };
     let sampling = match r.pointer("/sampling/supported").and_then(Value::as_bool) {
         Some(true) => format!(
-            "{} samples (~{} expected), {} lost",
+            "{} samples (~{} expected), {} lost, throttled {}x",
             at(r, "/sampling/samples").unwrap_or_default(),
             at(r, "/sampling/expected_about").unwrap_or_default(),
-            at(r, "/sampling/lost").unwrap_or_default()
+            at(r, "/sampling/lost").unwrap_or_default(),
+            at(r, "/sampling/throttled").unwrap_or_default()
         ),
         _ => format!(
             "unsupported (errno {})",
@@ -582,6 +593,7 @@ mod tests {
                 smp: 2,
                 single_thread: false,
                 soak_s: 0,
+                pmu: false,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -676,6 +688,7 @@ mod tests {
             smp: 1,
             single_thread: false,
             soak_s: 0,
+            pmu: false,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -688,6 +701,7 @@ mod tests {
             smp: 2,
             single_thread: true,
             soak_s: 0,
+            pmu: false,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -696,5 +710,17 @@ mod tests {
         );
         assert_eq!(c.label(), "aarch64/rustkvm,thread=single/smp2");
         assert!(a.contains("console=ttyAMA0"), "{a}");
+        let c = Config {
+            arch: Arch::X86_64,
+            backend: Backend::Rustkvm,
+            pmu: true,
+            ..c
+        };
+        let a = command_args(c, k, k).join(" ");
+        assert!(
+            a.contains("-cpu max,vendor=GenuineIntel,pmu=on -accel rustkvm"),
+            "{a}"
+        );
+        assert_eq!(c.label(), "x86_64/rustkvm,thread=single,pmu/smp2");
     }
 }

@@ -34,6 +34,7 @@ fn boot_with(arch: Arch, backend: Backend, smp: u32, single_thread: bool) -> Lin
         smp,
         single_thread,
         soak_s: 0,
+        pmu: false,
     };
     linux::run(config, linux::DEFAULT_TIMEOUT)
 }
@@ -234,6 +235,62 @@ fn steal_grows_when_two_vcpus_share_one_host_thread(arch: Arch) {
 }
 
 #[test]
+fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
+    let _serial = serial();
+    // -cpu max,vendor=GenuineIntel,pmu=on: the architectural PMU v2.
+    let config = Config {
+        arch: Arch::X86_64,
+        backend: Backend::Rustkvm,
+        smp: 2,
+        single_thread: false,
+        soak_s: 0,
+        pmu: true,
+    };
+    let run = linux::run(config, linux::DEFAULT_TIMEOUT);
+    let (r, label) = (report(&run), run.config.label());
+    common_truths(r, &label);
+    assert!(
+        dmesg_has(r, "generic architected perfmon, Intel PMU driver"),
+        "{label}: {}",
+        r["dmesg"]
+    );
+    // perf_event_open(instructions/branches, exclude_kernel): the
+    // difference between two runs of the known workload, exactly.
+    for ev in ["instructions", "branches"] {
+        assert_eq!(
+            r.pointer(&format!("/perf/{ev}/exact")),
+            Some(&Value::Bool(true)),
+            "{label}: {ev}: {}",
+            r["perf"][ev]
+        );
+    }
+    for ev in ["cycles", "ref-cycles"] {
+        assert!(
+            r.pointer(&format!("/perf/{ev}/delta"))
+                .and_then(Value::as_u64)
+                .is_some_and(|d| d > 0),
+            "{label}: {ev}: {}",
+            r["perf"][ev]
+        );
+    }
+    // Sampling instructions: one PMI per period, none lost, no throttling.
+    let at = |p: &str| r.pointer(p).and_then(Value::as_u64);
+    let (samples, expected) = (at("/sampling/samples"), at("/sampling/expected_about"));
+    assert!(
+        matches!((samples, expected), (Some(s), Some(e)) if s.abs_diff(e) <= 1),
+        "{label}: {}",
+        r["sampling"]
+    );
+    assert_eq!(at("/sampling/lost"), Some(0), "{label}: {}", r["sampling"]);
+    assert_eq!(
+        at("/sampling/throttled"),
+        Some(0),
+        "{label}: {}",
+        r["sampling"]
+    );
+}
+
+#[test]
 fn x86_64_linux_kvm_clock_a_minute_without_watchdog_complaints() {
     let _serial = serial();
     let config = Config {
@@ -242,6 +299,7 @@ fn x86_64_linux_kvm_clock_a_minute_without_watchdog_complaints() {
         smp: 2,
         single_thread: false,
         soak_s: 60,
+        pmu: false,
     };
     let run = linux::run(config, linux::DEFAULT_TIMEOUT);
     let r = report(&run);

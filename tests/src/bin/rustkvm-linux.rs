@@ -2,8 +2,9 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--pmu] [--timeout S] [--json]
 //! ```
+//! `--pmu`: x86 guests get an Intel-vendor CPU with `pmu=on`.
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
 //! host thread (overcommit: steal time), and kvm (which SKIPs with the reason
 //! where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
@@ -21,6 +22,7 @@ struct Args {
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
+    pmu: bool,
 }
 
 fn parse() -> Result<Args, HarnessError> {
@@ -31,6 +33,7 @@ fn parse() -> Result<Args, HarnessError> {
         smps: Vec::new(),
         timeout: linux::DEFAULT_TIMEOUT,
         json: false,
+        pmu: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -70,8 +73,9 @@ fn parse() -> Result<Args, HarnessError> {
                 );
             }
             "--json" => a.json = true,
+            "--pmu" => a.pmu = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--pmu] [--timeout S] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
                     smp,
                     single_thread,
                     soak_s: 0,
+                    pmu: args.pmu,
                 };
                 let run = linux::run(config, args.timeout);
                 if !args.json {
