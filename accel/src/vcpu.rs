@@ -819,7 +819,7 @@ mod tests {
         );
         assert_eq!(
             v.routes().to_string(),
-            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0"
+            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0 pmi=0"
         );
     }
 }

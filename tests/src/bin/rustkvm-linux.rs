@@ -2,11 +2,13 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--pmu] [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu]]... [--smp N]... [--timeout S] [--json]
 //! ```
-//! `--pmu`: x86 guests get an Intel-vendor CPU with `pmu=on`.
+//! `,pmu`: x86 guests get an Intel-vendor CPU with `pmu=on` (the
+//! architectural PMU; aarch64 configurations ignore it).
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
-//! host thread (overcommit: steal time), and kvm (which SKIPs with the reason
+//! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
+//! and kvm (which SKIPs with the reason
 //! where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
 //! configuration ended in ERROR (a SKIP is not an error).
 
@@ -18,11 +20,10 @@ use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
-    backends: Vec<(Backend, bool)>,
+    backends: Vec<(Backend, bool, bool)>,
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
-    pmu: bool,
 }
 
 fn parse() -> Result<Args, HarnessError> {
@@ -33,7 +34,6 @@ fn parse() -> Result<Args, HarnessError> {
         smps: Vec::new(),
         timeout: linux::DEFAULT_TIMEOUT,
         json: false,
-        pmu: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -46,13 +46,19 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--backend" => {
                 let v = value("--backend")?;
-                let (name, single) = match v.strip_suffix(",thread=single") {
-                    Some(n) => (n, true),
-                    None => (v.as_str(), false),
-                };
+                let mut parts = v.split(',');
+                let name = parts.next().unwrap_or_default();
                 let b = Backend::from_name(name)
                     .ok_or_else(|| usage(format!("unknown backend {v}")))?;
-                a.backends.push((b, single));
+                let (mut single, mut pmu) = (false, false);
+                for opt in parts {
+                    match opt {
+                        "thread=single" => single = true,
+                        "pmu" => pmu = true,
+                        _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
+                    }
+                }
+                a.backends.push((b, single, pmu));
             }
             "--smp" => {
                 let v = value("--smp")?;
@@ -73,9 +79,8 @@ fn parse() -> Result<Args, HarnessError> {
                 );
             }
             "--json" => a.json = true,
-            "--pmu" => a.pmu = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single]]... [--smp N]... [--pmu] [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu]]... [--smp N]... [--timeout S] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -86,10 +91,11 @@ fn parse() -> Result<Args, HarnessError> {
     }
     if a.backends.is_empty() {
         a.backends = vec![
-            (Backend::Tcg, false),
-            (Backend::Rustkvm, false),
-            (Backend::Rustkvm, true),
-            (Backend::Kvm, false),
+            (Backend::Tcg, false, false),
+            (Backend::Rustkvm, false, false),
+            (Backend::Rustkvm, true, false),
+            (Backend::Rustkvm, false, true),
+            (Backend::Kvm, false, false),
         ];
     }
     if a.smps.is_empty() {
@@ -108,7 +114,10 @@ fn main() -> ExitCode {
     };
     let mut runs = Vec::new();
     for &arch in &args.arches {
-        for &(backend, single_thread) in &args.backends {
+        for &(backend, single_thread, pmu) in &args.backends {
+            if pmu && arch != Arch::X86_64 {
+                continue;
+            }
             for &smp in &args.smps {
                 let config = Config {
                     arch,
@@ -116,7 +125,7 @@ fn main() -> ExitCode {
                     smp,
                     single_thread,
                     soak_s: 0,
-                    pmu: args.pmu,
+                    pmu,
                 };
                 let run = linux::run(config, args.timeout);
                 if !args.json {
