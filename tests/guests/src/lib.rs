@@ -16,6 +16,7 @@
 pub mod arch;
 pub mod console;
 pub mod cross;
+pub mod workload;
 
 use core::fmt::{self, Write};
 

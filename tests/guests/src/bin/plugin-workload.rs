@@ -1,10 +1,8 @@
 //! rustkvm-test: arch=x86_64,aarch64 matrix=off timeout=120
 //!
-//! A CPU-bound workload for scripts/bench-plugin.sh: a xorshift generator
-//! scattering updates over a 256 KiB table, a linear pass summing it, and an
-//! insertion sort of a small array, repeated (loads, stores, taken and
-//! not-taken branches, integer ALU work). Prints a checksum so the work
-//! cannot be optimised away. Not part of the matrix.
+//! A CPU-bound workload (`guest::workload`) for scripts/bench-plugin.sh and,
+//! as the guest that leaves its PMU alone, scripts/bench-pmu.sh. Prints a
+//! checksum so the work cannot be optimised away. Not part of the matrix.
 #![no_std]
 #![no_main]
 
@@ -12,38 +10,8 @@ use guest::Test;
 
 guest::entry!(main);
 
-const WORDS: usize = 32 * 1024;
-static mut TABLE: [u64; WORDS] = [0; WORDS];
-
 fn main(t: &mut Test) {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut sum = 0u64;
-    // SAFETY: one vCPU, the only user of the table.
-    let table = unsafe { core::slice::from_raw_parts_mut((&raw mut TABLE).cast::<u64>(), WORDS) };
-    for round in 0..10000u64 {
-        for _ in 0..WORDS {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let i = (x as usize) % WORDS;
-            table[i] = table[i].wrapping_add(x ^ round);
-        }
-        for v in table.iter() {
-            sum = sum.wrapping_add(*v).rotate_left(1);
-        }
-        let mut small = [0u64; 64];
-        for (j, s) in small.iter_mut().enumerate() {
-            *s = table[(j * 509 + round as usize) % WORDS];
-        }
-        for a in 1..small.len() {
-            let mut b = a;
-            while b > 0 && small[b - 1] > small[b] {
-                small.swap(b - 1, b);
-                b -= 1;
-            }
-        }
-        sum ^= small[32];
-    }
+    let sum = guest::workload::run(10_000);
     t.measure("checksum", format_args!("{sum:#x}"));
     t.check("ran", true, format_args!(""));
 }
