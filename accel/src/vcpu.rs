@@ -4,8 +4,9 @@
 //! access (PMU, steal time, kvmclock, hypercalls: later issues), the answer is
 //! [`Route::Unhandled`] and QEMU does exactly what TCG does.
 
+use std::cell::UnsafeCell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -124,12 +125,90 @@ pub struct VcpuState {
     pub pvtime: PvTime,
     /// x86 TSC, TSC_ADJUST, kvmclock, TSC-deadline.
     pub clock: X86Clock,
+}
+
+/// vCPU state only the vCPU's own thread touches — or one thread while the
+/// vCPU is stopped (reset, savevm/loadvm) — so it needs no lock: the x86
+/// PMU, which every PMU MSR access, RDPMC and PMI reaches.
+#[derive(Debug)]
+struct Local {
     /// x86 PMU registers.
-    pub pmu: Pmu,
+    pmu: Pmu,
     /// Unhalted cycles: VM nanoseconds spent in guest code (PMU only) ...
-    pub unhalted_ns: u64,
+    unhalted_ns: u64,
     /// ... and when the current stretch began (VM ns; 0: not in guest code).
-    pub run_since_ns: u64,
+    run_since_ns: u64,
+    /// The counting engine's state in QEMU's CPUX86State (null: none).
+    counting: *mut Counting,
+}
+
+impl Default for Local {
+    fn default() -> Self {
+        Local {
+            pmu: Pmu::default(),
+            unhalted_ns: 0,
+            run_since_ns: 0,
+            counting: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// [`Local`] behind the one-thread-at-a-time contract (see `Vcpu::local`).
+#[derive(Debug, Default)]
+struct LocalCell(UnsafeCell<Local>);
+
+// SAFETY: QEMU reaches a vCPU's `Local` only from that vCPU's thread, or
+// from one thread while the vCPU is stopped (rustkvm.h: the x86 routing
+// points, run begin/end, setup at reset, savevm/loadvm); `Vcpu::local` is
+// the single way in and is never re-entered.
+unsafe impl Sync for LocalCell {}
+// SAFETY: as above; the raw pointer is into the vCPU's CPUX86State, which
+// lives as long as the vCPU.
+unsafe impl Send for LocalCell {}
+
+impl Local {
+    /// The counting engine's state, if QEMU gave it.
+    fn counting(&mut self) -> Option<&mut Counting> {
+        // SAFETY: a pointer into this vCPU's CPUX86State (from
+        // rustkvm_x86_vcpu_setup), which outlives the vCPU handle, touched
+        // by the same thread that may touch `self` (see LocalCell).
+        unsafe { self.counting.as_mut() }
+    }
+
+    /// The PMU's event totals now. Cycles need the VM clock, which costs
+    /// more than the rest: they are 0 unless `cycles` (a counter counts
+    /// them, or may start to with the access at hand).
+    fn events(&mut self, shared: &Shared, cycles: bool) -> Events {
+        let cycles = if cycles {
+            let mut ns = self.unhalted_ns;
+            if self.run_since_ns != 0 {
+                ns += shared.virtual_ns().saturating_sub(self.run_since_ns);
+            }
+            shared.tsc_rate().ticks(ns)
+        } else {
+            0
+        };
+        self.counting().map_or(
+            Events {
+                cycles,
+                ref_cycles: cycles,
+                ..Events::default()
+            },
+            |c| c.events(cycles),
+        )
+    }
+
+    /// Tell the engine what the PMU needs now (and raise a PMI for `pmi`).
+    fn publish(&mut self, ev: &Events, pmi: u64, routes: &RouteCounters) {
+        if pmi != 0 {
+            bump(&routes.pmi);
+        }
+        // SAFETY: as in `counting` (a copy of the pointer, so that the PMU
+        // can be borrowed alongside without copying it).
+        if let Some(c) = unsafe { self.counting.as_mut() } {
+            c.publish(&self.pmu, ev, pmi);
+        }
+    }
 }
 
 /// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
@@ -171,9 +250,8 @@ pub struct Vcpu {
     tid: AtomicI32,
     // x86: the KVM feature bits its CPUID advertises (set at reset).
     kvm_features: AtomicU32,
-    // x86: the counting engine's state in QEMU's CPUX86State (null until
-    // setup); only this vCPU's thread dereferences it.
-    counting: AtomicPtr<Counting>,
+    // x86: the PMU, without a lock (see LocalCell).
+    local: LocalCell,
     shared: Arc<Shared>,
 }
 
@@ -193,7 +271,7 @@ impl Vcpu {
             routes: RouteCounters::default(),
             tid: AtomicI32::new(0),
             kvm_features: AtomicU32::new(0),
-            counting: AtomicPtr::new(std::ptr::null_mut()),
+            local: LocalCell::default(),
             shared,
         }
     }
@@ -252,11 +330,12 @@ impl Vcpu {
             self.tid
                 .store(crate::host::current_tid(), Ordering::Relaxed);
         }
-        let mut s = self.lock();
-        if s.pmu.config.version != 0 {
-            s.run_since_ns = self.shared.virtual_ns().max(1);
-        }
-        self.enter_steal(&mut s);
+        self.local(|l| {
+            if l.pmu.config.version != 0 {
+                l.run_since_ns = self.shared.virtual_ns().max(1);
+            }
+        });
+        self.enter_steal(&mut self.lock());
     }
 
     /// Fold steal in at an entry into guest code (or a steal-time enable).
@@ -293,12 +372,14 @@ impl Vcpu {
 
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
+        self.local(|l| {
+            if l.run_since_ns != 0 {
+                let now = self.shared.virtual_ns();
+                l.unhalted_ns += now.saturating_sub(l.run_since_ns);
+                l.run_since_ns = 0;
+            }
+        });
         let mut s = self.lock();
-        if s.run_since_ns != 0 {
-            let now = self.shared.virtual_ns();
-            s.unhalted_ns += now.saturating_sub(s.run_since_ns);
-            s.run_since_ns = 0;
-        }
         if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
             let threading = self.shared.threading();
@@ -311,7 +392,7 @@ impl Vcpu {
     pub fn cpuid(&self, leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
         bump(&self.routes.cpuid);
         if leaf == 0xa && self.arch == Arch::X86_64 {
-            let config = self.lock().pmu.config;
+            let config = self.local(|l| l.pmu.config);
             if config.version != 0 {
                 return Route::Handled(config.cpuid_0xa());
             }
@@ -319,57 +400,54 @@ impl Vcpu {
         Route::Unhandled
     }
 
-    /// The counting engine's state, if QEMU gave it.
-    fn with_counting<R>(&self, f: impl FnOnce(&mut Counting) -> R) -> Option<R> {
-        let p = self.counting.load(Ordering::Relaxed);
-        // SAFETY: QEMU gives, in rustkvm_x86_vcpu_setup, a pointer into this
-        // vCPU's CPUX86State, which outlives the vCPU handle; only the
-        // vCPU's own thread calls the functions that reach here, so no other
+    /// The lock-free part of the vCPU (see [`LocalCell`]); `f` must not
+    /// call back into it.
+    fn local<R>(&self, f: impl FnOnce(&mut Local) -> R) -> R {
+        // SAFETY: one thread at a time reaches a vCPU's Local (QEMU's
+        // contract, see LocalCell), and this is the only way in: no other
         // reference to it exists while `f` runs.
-        unsafe { p.as_mut() }.map(f)
-    }
-
-    /// The PMU's event totals now.
-    fn pmu_events(&self, s: &VcpuState) -> Events {
-        let mut ns = s.unhalted_ns;
-        if s.run_since_ns != 0 {
-            ns += self.shared.virtual_ns().saturating_sub(s.run_since_ns);
-        }
-        let cycles = self.shared.tsc_rate().ticks(ns);
-        self.with_counting(|c| c.events(cycles)).unwrap_or(Events {
-            cycles,
-            ref_cycles: cycles,
-            ..Events::default()
-        })
+        f(unsafe { &mut *self.local.0.get() })
     }
 
     /// A PMU MSR read: None if `index` is not one (then not the PMU's).
-    fn pmu_rdmsr(&self, s: &VcpuState, index: u32) -> Option<Route<u64>> {
+    fn pmu_rdmsr(&self, index: u32) -> Option<Route<u64>> {
         if !pmu::is_arch_pmu_msr(index) {
             return None;
         }
-        let ev = self.pmu_events(s);
-        Some(
-            s.pmu
+        Some(self.local(|l| {
+            let ev = l.events(&self.shared, l.pmu.counts_cycles());
+            l.pmu
                 .read_msr(index, &ev)
-                .map_or(Route::Fault, Route::Handled),
-        )
+                .map_or(Route::Fault, Route::Handled)
+        }))
     }
 
-    /// Tell the engine what the PMU needs now (and raise a PMI for `pmi`).
-    fn pmu_publish(&self, pmu: &Pmu, ev: &Events, pmi: u64) {
-        if pmi != 0 {
-            bump(&self.routes.pmi);
+    /// A PMU MSR write: None if `index` is not one.
+    fn pmu_wrmsr(&self, index: u32, value: u64) -> Option<Route<()>> {
+        if !pmu::is_arch_pmu_msr(index) {
+            return None;
         }
-        self.with_counting(|c| c.publish(pmu, ev, pmi));
+        Some(self.local(|l| {
+            // The clock only if a cycle counter counts or may start to.
+            let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
+            let ev = l.events(&self.shared, cycles);
+            match l.pmu.write_msr(index, value, &ev) {
+                Ok(pmi) => {
+                    l.publish(&ev, pmi, &self.routes);
+                    Route::Handled(())
+                }
+                Err(_) => Route::Fault,
+            }
+        }))
     }
 
     /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
     pub fn pmu_due(&self) {
-        let mut s = self.lock();
-        let ev = self.pmu_events(&s);
-        let pmi = s.pmu.sync(&ev);
-        self.pmu_publish(&s.pmu, &ev, pmi);
+        self.local(|l| {
+            let ev = l.events(&self.shared, l.pmu.counts_cycles());
+            let pmi = l.pmu.sync(&ev);
+            l.publish(&ev, pmi, &self.routes);
+        });
     }
 
     /// RDMSR.
@@ -378,10 +456,13 @@ impl Vcpu {
         if self.arch != Arch::X86_64 {
             return Route::Unhandled;
         }
-        let s = self.lock();
-        if let Some(r) = self.pmu_rdmsr(&s, index) {
+        if let Some(r) = self.pmu_rdmsr(index) {
             return r;
         }
+        if !owns_msr(index) {
+            return Route::Unhandled;
+        }
+        let s = self.lock();
         Route::Handled(match index {
             MSR_KVM_STEAL_TIME => s.steal.msr,
             clock::MSR_IA32_TSC => s
@@ -404,17 +485,13 @@ impl Vcpu {
             return Route::Unhandled;
         }
         let (rate, mem) = (self.shared.tsc_rate(), &*self.shared.host);
-        let mut s = self.lock();
-        if pmu::is_arch_pmu_msr(index) {
-            let ev = self.pmu_events(&s);
-            return match s.pmu.write_msr(index, value, &ev) {
-                Ok(pmi) => {
-                    self.pmu_publish(&s.pmu, &ev, pmi);
-                    Route::Handled(())
-                }
-                Err(_) => Route::Fault,
-            };
+        if let Some(r) = self.pmu_wrmsr(index, value) {
+            return r;
         }
+        if !owns_msr(index) {
+            return Route::Unhandled;
+        }
+        let mut s = self.lock();
         let timer = match index {
             MSR_KVM_STEAL_TIME => match s.steal.write_msr(value) {
                 Ok(()) => {
@@ -472,12 +549,16 @@ impl Vcpu {
         } else {
             PmuConfig::OFF
         };
-        let mut s = self.lock();
-        s.pmu = Pmu::new(config);
-        s.unhalted_ns = 0;
-        s.run_since_ns = 0;
-        self.counting.store(counting, Ordering::Relaxed);
-        self.with_counting(|c| *c = Counting::default());
+        self.local(|l| {
+            *l = Local {
+                pmu: Pmu::new(config),
+                counting,
+                ..Local::default()
+            };
+            if let Some(c) = l.counting() {
+                *c = Counting::default();
+            }
+        });
     }
 
     /// RDTSC: the guest TSC now.
@@ -526,7 +607,10 @@ impl Vcpu {
             tsc_deadline: s.clock.tsc_deadline,
             system_time: s.clock.system_time_msr,
             wall_clock: self.shared.wall_clock_msr.load(Ordering::Relaxed),
-            pmu: s.pmu.save(&self.pmu_events(&s)),
+            pmu: self.local(|l| {
+                let ev = l.events(&self.shared, l.pmu.counts_cycles());
+                l.pmu.save(&ev)
+            }),
         }
     }
 
@@ -546,9 +630,12 @@ impl Vcpu {
         self.shared
             .wall_clock_msr
             .store(m.wall_clock, Ordering::Relaxed);
-        let ev = self.pmu_events(&s);
-        s.pmu.load(&m.pmu, &ev);
-        self.pmu_publish(&s.pmu, &ev, 0);
+        drop(s);
+        self.local(|l| {
+            let ev = l.events(&self.shared, true);
+            l.pmu.load(&m.pmu, &ev);
+            l.publish(&ev, 0, &self.routes);
+        });
     }
 
     /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
@@ -557,10 +644,11 @@ impl Vcpu {
         if self.arch != Arch::X86_64 {
             return Route::Unhandled;
         }
-        let s = self.lock();
-        let ev = self.pmu_events(&s);
-        // With no PMU KVM's kvm_pmu_rdpmc fails too: #GP (TCG: #UD).
-        s.pmu.rdpmc(ecx, &ev).map_or(Route::Fault, Route::Handled)
+        self.local(|l| {
+            let ev = l.events(&self.shared, l.pmu.counts_cycles());
+            // With no PMU KVM's kvm_pmu_rdpmc fails too: #GP (TCG: #UD).
+            l.pmu.rdpmc(ecx, &ev).map_or(Route::Fault, Route::Handled)
+        })
     }
 
     /// A KVM hypercall (VMCALL/VMMCALL). IPIs are sent here; kicks and
@@ -635,6 +723,22 @@ impl Vcpu {
 }
 
 /// Host real time, ns since the Unix epoch.
+/// The x86 MSRs rustkvm implements besides the PMU's: everything else is
+/// TCG's, answered without taking the vCPU lock.
+fn owns_msr(index: u32) -> bool {
+    matches!(
+        index,
+        MSR_KVM_STEAL_TIME
+            | clock::MSR_IA32_TSC
+            | clock::MSR_IA32_TSC_ADJUST
+            | clock::MSR_IA32_TSC_DEADLINE
+            | clock::MSR_KVM_SYSTEM_TIME
+            | clock::MSR_KVM_SYSTEM_TIME_NEW
+            | clock::MSR_KVM_WALL_CLOCK
+            | clock::MSR_KVM_WALL_CLOCK_NEW
+    )
+}
+
 fn realtime_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -166,6 +166,17 @@ pub fn is_arch_pmu_msr(index: u32) -> bool {
         || index == MSR_IA32_PERF_CAPABILITIES
 }
 
+/// Whether writing `value` to `index` could make a counter count cycles
+/// (so the write needs the cycle totals): the controls, and event selects
+/// that select event 3CH.
+pub fn may_start_cycles(index: u32, value: u64) -> bool {
+    matches!(
+        index,
+        MSR_CORE_PERF_FIXED_CTR_CTRL | MSR_CORE_PERF_GLOBAL_CTRL
+    ) || ((MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + MAX_GP as u32).contains(&index)
+        && value & evtsel::EVENT == 0x3c)
+}
+
 /// The counting engine's per-vCPU state, shared with QEMU's generated code
 /// (`RustkvmCounting` in `rustkvm.h`, which lives in `CPUX86State`; the
 /// FFI layer checks the layouts agree). Only the vCPU's thread touches it.
@@ -362,6 +373,19 @@ pub struct Pmu {
     pub config: PmuConfig,
     /// The registers.
     pub state: PmuState,
+    /// Derived from the registers after each change (`refresh`): the
+    /// counters counting now, those counting retired instructions or
+    /// branches, those counting cycles (GLOBAL_CTRL bit order). Every hot
+    /// path walks only these.
+    live: Live,
+}
+
+/// See [`Pmu::live`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Live {
+    all: u64,
+    retired: u64,
+    cycles: u64,
 }
 
 /// Counter index in GLOBAL_CTRL/STATUS bit order: GP i → i, fixed i → 32 + i.
@@ -382,6 +406,22 @@ impl Which {
     }
 }
 
+/// The counters whose bits (GLOBAL_CTRL order) are set in `mask`.
+fn bits(mut mask: u64) -> impl Iterator<Item = Which> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let b = mask.trailing_zeros();
+        mask &= mask - 1;
+        Some(if b >= 32 {
+            Which::Fixed((b - 32) as usize)
+        } else {
+            Which::Gp(b as usize)
+        })
+    })
+}
+
 impl Default for Pmu {
     fn default() -> Self {
         Pmu::new(PmuConfig::OFF)
@@ -392,10 +432,36 @@ impl Pmu {
     /// Whether some counter counts retired instructions or branches now
     /// (then the accelerator must count them).
     pub fn counts_retired(&self) -> bool {
-        self.counters().any(|w| {
-            self.counting(w)
-                .is_some_and(|k| matches!(k.event, Event::Instructions | Event::Branches))
-        })
+        self.live.retired != 0
+    }
+
+    /// Re-derive [`Live`] from the registers.
+    fn refresh(&mut self) {
+        self.refresh_some(u64::MAX);
+    }
+
+    /// Re-derive [`Live`] for the counters in `mask` (GLOBAL_CTRL order).
+    fn refresh_some(&mut self, mask: u64) {
+        let mut live = self.live;
+        for w in bits(mask & self.config.global_ctrl_mask()) {
+            let b = w.bit();
+            live.all &= !b;
+            live.retired &= !b;
+            live.cycles &= !b;
+            if let Some(k) = self.counting(w) {
+                live.all |= b;
+                match k.event {
+                    Event::Instructions | Event::Branches => live.retired |= b,
+                    Event::Cycles | Event::RefCycles => live.cycles |= b,
+                }
+            }
+        }
+        self.live = live;
+    }
+
+    /// The counters counting now.
+    fn live(&self) -> impl Iterator<Item = Which> + use<> {
+        bits(self.live.all)
     }
 
     /// The registers to save, with the events `ev` now (nothing changes).
@@ -444,7 +510,13 @@ impl Pmu {
         for i in 0..cfg.fixed() {
             s.fixed[i].value = r.fixed[i] & MASK;
         }
+        self.refresh();
         self.rebase(ev);
+    }
+
+    /// Whether some counter counts cycles (then its totals need the clock).
+    pub fn counts_cycles(&self) -> bool {
+        self.live.cycles != 0
     }
 
     /// A PMU in its reset state: everything 0 but IA32_PERF_GLOBAL_CTRL,
@@ -458,6 +530,8 @@ impl Pmu {
                 global_ctrl: gp_enables,
                 ..PmuState::default()
             },
+            // Nothing counts at reset: no event select is enabled.
+            live: Live::default(),
         }
     }
 
@@ -538,7 +612,7 @@ impl Pmu {
     /// that overflowed now and want a PMI (INT / fixed PMI bit).
     pub fn sync(&mut self, ev: &Events) -> u64 {
         let mut pmi = 0;
-        for w in self.counters() {
+        for w in self.live() {
             let Some((sum, total)) = self.advanced(w, ev) else {
                 continue;
             };
@@ -565,8 +639,9 @@ impl Pmu {
 
     /// Re-base every counter on `ev` after a configuration change (the
     /// caller synced first): what was counted stays, counting restarts now.
+    /// (Only counting counters have a base that matters.)
     fn rebase(&mut self, ev: &Events) {
-        for w in self.counters() {
+        for w in self.live() {
             let base = self.counting(w).map_or(0, |k| ev.total(k.event, k.filter));
             self.counter_mut(w).base = base;
         }
@@ -578,7 +653,10 @@ impl Pmu {
     /// instructions or branches. The accelerator stops there for a
     /// zero-skid PMI.
     pub fn until_overflow(&self, ev: &Events) -> Option<u64> {
-        self.counters()
+        if self.live.retired == 0 {
+            return None;
+        }
+        self.live()
             .filter(|w| self.wants_pmi(*w))
             .filter_map(|w| {
                 let k = self.counting(w)?;
@@ -652,7 +730,7 @@ impl Pmu {
 
     /// Status bits of counters that wrapped since the last sync.
     fn pending_status(&self, ev: &Events) -> u64 {
-        self.counters()
+        self.live()
             .filter(|w| self.advanced(*w, ev).is_some_and(|(sum, _)| sum > MASK))
             .fold(0, |m, w| m | w.bit())
     }
@@ -681,12 +759,14 @@ impl Pmu {
             return Ok(pmi);
         }
         let cfg = self.config;
-        match index {
+        // The counters whose selection the write may change.
+        let changed = match index {
             MSR_CORE_PERF_FIXED_CTR_CTRL => {
                 if value & !cfg.fixed_ctrl_mask() != 0 {
                     return gp_fault;
                 }
                 self.state.fixed_ctrl = value;
+                cfg.global_ctrl_mask() & !0xffff_ffff
             }
             MSR_CORE_PERF_GLOBAL_STATUS | MSR_IA32_PERF_CAPABILITIES => return gp_fault,
             MSR_CORE_PERF_GLOBAL_CTRL => {
@@ -694,21 +774,32 @@ impl Pmu {
                     return gp_fault;
                 }
                 self.state.global_ctrl = value;
+                cfg.global_ctrl_mask()
             }
             MSR_CORE_PERF_GLOBAL_OVF_CTRL => {
                 if value & !cfg.global_ctrl_mask() != 0 {
                     return gp_fault;
                 }
                 self.state.global_status &= !value;
+                0
             }
             i => {
                 if value & EVTSEL_RESERVED != 0 {
                     return gp_fault;
                 }
-                self.state.evtsel[(i - MSR_IA32_PERFEVTSEL0) as usize] = value;
+                let i = (i - MSR_IA32_PERFEVTSEL0) as usize;
+                self.state.evtsel[i] = value;
+                Which::Gp(i).bit()
+            }
+        };
+        self.refresh_some(changed);
+        // The sync re-based every counter that counted; those that start
+        // counting now start from the totals now.
+        for w in self.live().filter(|w| w.bit() & changed != 0) {
+            if let Some(k) = self.counting(w) {
+                self.counter_mut(w).base = ev.total(k.event, k.filter);
             }
         }
-        self.rebase(ev);
         Ok(pmi)
     }
 

@@ -22,7 +22,7 @@ fn main(t: &mut Test) {
     use guest::arch;
 
     const ROUNDS: u64 = 5;
-    const N: u64 = 20_000;
+    const N: u64 = 200_000;
     /// IA32_PERFEVTSEL0 and IA32_SYSENTER_CS.
     const PMU_MSR: u32 = 0x186;
     const TCG_MSR: u32 = 0x174;
