@@ -28,6 +28,7 @@ fn main(t: &mut Test) {
         return;
     }
     let w = |i, v| wrmsr(i, v).expect("PMU MSR");
+    w(0x38f, 0); // GLOBAL_CTRL (the GP enables are set at reset)
     w(0x186, SEL | 0xc0); // PERFEVTSEL0: instructions retired
     w(0x187, SEL | 0xc4); // PERFEVTSEL1: branches retired
     w(0x38d, 0x333); // FIXED_CTR_CTRL: all three, OS and USR
