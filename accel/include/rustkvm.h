@@ -163,6 +163,12 @@ typedef struct RustkvmCounting {
     uint32_t active;
     /** Nonzero when a PMI is due (Rust sets it, QEMU delivers and clears it). */
     uint32_t pmi;
+    /**
+     * When a cycle counter with a PMI may wrap, in QEMU_CLOCK_VIRTUAL ns;
+     * -1: none. QEMU arms a timer for it that calls rustkvm_x86_pmu_due()
+     * on the vCPU's thread (cycles are time, not instructions).
+     */
+    int64_t cycles_deadline_ns;
 } RustkvmCounting;
 
 /* rustkvm_x86_vcpu_setup() `pmu` values. */
@@ -172,10 +178,11 @@ typedef struct RustkvmCounting {
 #define RUSTKVM_PMU_INTEL 1u
 
 /**
- * The PMI budget ran out with the block that was just entered: sync the
- * counters (as if the whole block retired), set `pmi` if one is due, and
- * compute the next budget. The caller has already split blocks so that
- * the overflow is at the block's last instruction.
+ * The PMI budget ran out with the block that was just entered, or the
+ * cycles deadline passed (between blocks): sync the counters (as if the
+ * whole block retired), set `pmi` if one is due, and compute the next
+ * budget and deadline. The caller has already split blocks so that an
+ * instruction or branch overflow is at the block's last instruction.
  */
 void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
 

@@ -469,6 +469,7 @@ const _: () = {
     assert!(offset_of!(C, tb_branches) == offset_of!(Counting, tb_branches));
     assert!(offset_of!(C, active) == offset_of!(Counting, active));
     assert!(offset_of!(C, pmi) == offset_of!(Counting, pmi));
+    assert!(offset_of!(C, cycles_deadline_ns) == offset_of!(Counting, cycles_deadline_ns));
     assert!(header::RUSTKVM_EV_INSNS_USER == 0 && header::RUSTKVM_EV_BRANCHES_KERNEL == 3);
     assert!(header::RUSTKVM_PMU_NONE == crate::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::vcpu::PMU_INTEL);

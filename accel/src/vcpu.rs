@@ -199,14 +199,24 @@ impl Local {
     }
 
     /// Tell the engine what the PMU needs now (and raise a PMI for `pmi`).
-    fn publish(&mut self, ev: &Events, pmi: u64, routes: &RouteCounters) {
+    fn publish(&mut self, shared: &Shared, ev: &Events, pmi: u64, routes: &RouteCounters) {
         if pmi != 0 {
             bump(&routes.pmi);
         }
+        // A cycle counter's PMI: when its wrap is due at the earliest (if
+        // the vCPU halts meanwhile, the engine calls back early and the
+        // deadline moves on).
+        let deadline = self.pmu.cycles_until_overflow(ev).map_or(-1, |ticks| {
+            let ns = shared
+                .virtual_ns()
+                .saturating_add(shared.tsc_rate().ns_for(ticks));
+            i64::try_from(ns).unwrap_or(i64::MAX)
+        });
         // SAFETY: as in `counting` (a copy of the pointer, so that the PMU
         // can be borrowed alongside without copying it).
         if let Some(c) = unsafe { self.counting.as_mut() } {
             c.publish(&self.pmu, ev, pmi);
+            c.cycles_deadline_ns = deadline;
         }
     }
 }
@@ -433,7 +443,7 @@ impl Vcpu {
             let ev = l.events(&self.shared, cycles);
             match l.pmu.write_msr(index, value, &ev) {
                 Ok(pmi) => {
-                    l.publish(&ev, pmi, &self.routes);
+                    l.publish(&self.shared, &ev, pmi, &self.routes);
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
@@ -446,7 +456,7 @@ impl Vcpu {
         self.local(|l| {
             let ev = l.events(&self.shared, l.pmu.counts_cycles());
             let pmi = l.pmu.sync(&ev);
-            l.publish(&ev, pmi, &self.routes);
+            l.publish(&self.shared, &ev, pmi, &self.routes);
         });
     }
 
@@ -634,7 +644,7 @@ impl Vcpu {
         self.local(|l| {
             let ev = l.events(&self.shared, true);
             l.pmu.load(&m.pmu, &ev);
-            l.publish(&ev, 0, &self.routes);
+            l.publish(&self.shared, &ev, 0, &self.routes);
         });
     }
 

@@ -125,6 +125,29 @@ pub fn sampling_report() -> Json {
     }
 }
 
+/// Cycles sampling period (cycles are time: no exact expectation).
+pub const CYCLES_SAMPLE_PERIOD: u64 = 1_000_000;
+
+/// The cycles sampling section: overflow samples of CPU cycles every
+/// [`CYCLES_SAMPLE_PERIOD`] over `spin(N2)` (what `perf record` samples by
+/// default).
+pub fn cycles_sampling_report() -> Json {
+    match perf::sample_around(perf::HW_CPU_CYCLES, CYCLES_SAMPLE_PERIOD, || {
+        workload::spin(N2)
+    }) {
+        Ok(s) => {
+            let mut o = Json::obj();
+            o.set("supported", true)
+                .set("period", CYCLES_SAMPLE_PERIOD)
+                .set("samples", s.samples)
+                .set("lost", s.lost)
+                .set("throttled", s.throttled);
+            o
+        }
+        Err(e) => error_json(&e),
+    }
+}
+
 /// The whole report.
 pub fn probe(opts: &Options) -> Json {
     let mut o = Json::obj();
@@ -137,6 +160,7 @@ pub fn probe(opts: &Options) -> Json {
         .set("dmesg", system::dmesg_lines())
         .set("perf", perf_report())
         .set("sampling", sampling_report())
+        .set("sampling_cycles", cycles_sampling_report())
         .set("steal", system::steal(opts.busy_ms))
         .set("clocks", system::clocks(opts.clock_rounds));
     o

@@ -426,6 +426,21 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
         }
         .to_string()
     };
+    let sampling_cycles = match r
+        .pointer("/sampling_cycles/supported")
+        .and_then(Value::as_bool)
+    {
+        Some(true) => format!(
+            "{} samples every {} cycles, {} lost",
+            at(r, "/sampling_cycles/samples").unwrap_or_default(),
+            at(r, "/sampling_cycles/period").unwrap_or_default(),
+            at(r, "/sampling_cycles/lost").unwrap_or_default()
+        ),
+        _ => format!(
+            "unsupported (errno {})",
+            at(r, "/sampling_cycles/errno").unwrap_or_default()
+        ),
+    };
     let sampling = match r.pointer("/sampling/supported").and_then(Value::as_bool) {
         Some(true) => format!(
             "{} samples (~{} expected), {} lost, throttled {}x",
@@ -489,6 +504,7 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
         ("perf cycles Δ", event_cell(r, "cycles")),
         ("perf ref-cycles Δ", event_cell(r, "ref-cycles")),
         ("perf sampling", sampling),
+        ("perf sampling cycles", sampling_cycles),
         (
             "steal ms over busy loop",
             at(r, "/steal/total_delta_ms").unwrap_or_default(),

@@ -288,6 +288,18 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
         "{label}: {}",
         r["sampling"]
     );
+    // Sampling cycles (perf record's default): the PMI comes from a timer.
+    assert!(
+        at("/sampling_cycles/samples").is_some_and(|s| s > 0),
+        "{label}: {}",
+        r["sampling_cycles"]
+    );
+    assert_eq!(
+        at("/sampling_cycles/lost"),
+        Some(0),
+        "{label}: {}",
+        r["sampling_cycles"]
+    );
 }
 
 #[test]

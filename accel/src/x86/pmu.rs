@@ -197,6 +197,9 @@ pub struct Counting {
     pub active: u32,
     /// Nonzero when a PMI is due (the engine delivers it and clears this).
     pub pmi: u32,
+    /// When a cycle counter with a PMI may wrap (VM clock ns; -1: none):
+    /// the engine arms a timer that calls back then.
+    pub cycles_deadline_ns: i64,
 }
 
 impl Default for Counting {
@@ -208,6 +211,7 @@ impl Default for Counting {
             tb_branches: 0,
             active: 0,
             pmi: 0,
+            cycles_deadline_ns: -1,
         }
     }
 }
@@ -647,6 +651,18 @@ impl Pmu {
         }
     }
 
+    /// How many more cycles may pass before a cycle counter with a PMI
+    /// wraps; None if none counts.
+    pub fn cycles_until_overflow(&self, ev: &Events) -> Option<u64> {
+        if self.live.cycles == 0 {
+            return None;
+        }
+        bits(self.live.cycles)
+            .filter(|w| self.wants_pmi(*w))
+            .map(|w| MASK + 1 - self.value(w, ev))
+            .min()
+    }
+
     /// How many more instructions (counted as the instruction and branch
     /// counters count them, an upper bound for both) may retire before a
     /// counter with a PMI wraps; None if no such counter counts
@@ -1070,5 +1086,26 @@ mod tests {
         let mut none = Pmu::new(PmuConfig::OFF);
         none.load(&saved, &f0);
         assert_eq!(none, Pmu::new(PmuConfig::OFF));
+    }
+
+    #[test]
+    fn cycle_counters_with_a_pmi_tell_how_many_cycles_are_left() {
+        let mut p = Pmu::new(PmuConfig::TCG);
+        let e0 = ev(0, 0);
+        assert_eq!(p.cycles_until_overflow(&e0), None);
+        // Fixed counter 1 (cycles) at OS+USR without PMI: nothing to wait for.
+        p.write_msr(0x38d, 0x30, &e0).unwrap();
+        p.write_msr(0x38f, 1 << 33, &e0).unwrap();
+        assert!(p.counts_cycles());
+        assert_eq!(p.cycles_until_overflow(&e0), None);
+        // With its PMI bit, 1000 cycles before the wrap.
+        p.write_msr(0x38d, 0xb0, &e0).unwrap();
+        p.write_msr(0x30a, MASK + 1 - 1000, &e0).unwrap();
+        assert_eq!(p.cycles_until_overflow(&e0), Some(1000));
+        let e1 = ev(100, 0); // 300 cycles later
+        assert_eq!(p.cycles_until_overflow(&e1), Some(700));
+        assert_eq!(p.until_overflow(&e1), None, "no instruction budget for it");
+        let e2 = ev(400, 0);
+        assert_eq!(p.sync(&e2), 1 << 33, "wrapped: its PMI");
     }
 }

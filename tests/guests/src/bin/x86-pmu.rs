@@ -363,6 +363,35 @@ mod pmu {
         // (15 JNZ after the overflow, then the stub's IRETQ)
         t.eq("pmi.branches.counter-after", rd(PMC0 + 1), 16);
 
+        // A cycle counter's PMI (FIXED_CTR1, PMI bit) comes from a timer:
+        // after its 2 000 000 cycles (1 ms of guest TSC), not before, and
+        // once. The guest spins reading the TSC meanwhile.
+        const PERIOD: u64 = 2_000_000;
+        let (n0, _) = nmis();
+        arm_pmi(0, INSNS, 1 << 40); // nothing else with a PMI
+        wr(EVTSEL0, 0);
+        wr(FIXED_CTR_CTRL, 0xb << 4);
+        wr(FIXED_CTR0 + 1, (1u64 << 48) - PERIOD);
+        set_lapic_reg(LVTPC, LVT_NMI);
+        let t0 = arch::rdtsc();
+        wr(GLOBAL_CTRL, 1 << 33);
+        let seen = loop {
+            let now = arch::rdtsc();
+            if nmis().0 != n0 || now - t0 > 200 * PERIOD {
+                break now - t0;
+            }
+        };
+        wr(GLOBAL_CTRL, 0);
+        t.eq("pmi.cycles.count", nmis().0 - n0, 1);
+        t.check(
+            "pmi.cycles.not-early",
+            seen >= PERIOD,
+            format_args!("seen after {seen} TSC ticks"),
+        );
+        t.eq("pmi.cycles.status", rd(GLOBAL_STATUS), 1 << 33);
+        wr(FIXED_CTR_CTRL, 0);
+        wr(GLOBAL_OVF_CTRL, 1 << 33);
+
         // Masked LVTPC: the overflow sets the status bit, no NMI.
         let (n0, _) = nmis();
         arm_pmi(0, INSNS, 10);
