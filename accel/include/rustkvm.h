@@ -41,6 +41,8 @@
 #define RUSTKVM_EBUSY -3
 /** An option the guest architecture does not have (e.g. counter-offset on x86). */
 #define RUSTKVM_EINVAL_OPTION -4
+/** pmu-counters outside 1..8. */
+#define RUSTKVM_EINVAL_PMU_COUNTERS -5
 
 /** Largest vCPU count a rustkvm machine accepts (QEMU's x86 limit). */
 #define RUSTKVM_MAX_VCPUS 4096u
@@ -84,6 +86,11 @@ typedef struct RustkvmConfig {
      * view of the guest like KVM_ARM_SET_COUNTER_OFFSET (0 on x86).
      */
     uint64_t counter_offset;
+    /**
+     * x86: -accel rustkvm,pmu-counters=N, general-purpose counters of the
+     * PMU a pmu=on vCPU gets (1..8, as KVM; 0: the default, 4).
+     */
+    uint32_t pmu_counters;
     /** Guest memory access and other services. */
     RustkvmHostOps ops;
 } RustkvmConfig;
@@ -176,6 +183,11 @@ typedef struct RustkvmCounting {
 #define RUSTKVM_PMU_NONE 0u
 /** Intel architectural PMU version 2 (-cpu <Intel vendor>,pmu=on). */
 #define RUSTKVM_PMU_INTEL 1u
+/**
+ * Or'ed to RUSTKVM_PMU_INTEL: the vCPU has PDCM (CPUID.1:ECX[15]), so
+ * IA32_PERF_CAPABILITIES exists and offers full-width counter writes.
+ */
+#define RUSTKVM_PMU_FULL_WIDTH 0x100u
 
 /**
  * The PMI budget ran out with the block that was just entered, or the

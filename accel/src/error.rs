@@ -33,6 +33,9 @@ pub enum AccelError {
         /// The architecture's name.
         arch: &'static str,
     },
+    /// `pmu-counters` outside what KVM offers.
+    #[error("pmu-counters={0}: the PMU has 1 to {max} general-purpose counters", max = crate::x86::pmu::MAX_GP)]
+    InvalidPmuCounters(u32),
     /// Two live vCPUs with one index.
     #[error("vCPU {0} already exists")]
     VcpuExists(u32),

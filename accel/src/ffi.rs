@@ -53,6 +53,7 @@ fn error_code(err: AccelError) -> i32 {
         AccelError::UnknownArch(_) => header::RUSTKVM_EINVAL_ARCH,
         AccelError::InvalidCpuCount(_) => header::RUSTKVM_EINVAL_CPUS,
         AccelError::OptionNotForArch { .. } => header::RUSTKVM_EINVAL_OPTION,
+        AccelError::InvalidPmuCounters(_) => header::RUSTKVM_EINVAL_PMU_COUNTERS,
         _ => header::RUSTKVM_EBUSY,
     }
 }
@@ -69,7 +70,8 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     };
     let result = arch_from_c(config.arch)
         .and_then(|arch| VmConfig::new(arch, config.max_cpus, config.stats))
-        .and_then(|c| c.with_counter_offset(config.counter_offset));
+        .and_then(|c| c.with_counter_offset(config.counter_offset))
+        .and_then(|c| c.with_pmu_counters(config.pmu_counters));
     let vm_config = match result {
         Ok(c) => VmConfig {
             mttcg: config.mttcg,
@@ -160,6 +162,7 @@ pub unsafe extern "C" fn rustkvm_strerror(err: i32) -> *const c_char {
         header::RUSTKVM_EINVAL_CPUS => b"invalid number of vCPUs\0",
         header::RUSTKVM_EBUSY => b"a rustkvm machine already exists\0",
         header::RUSTKVM_EINVAL_OPTION => b"option not available for this guest architecture\0",
+        header::RUSTKVM_EINVAL_PMU_COUNTERS => b"pmu-counters must be 1..8\0",
         _ => b"unknown rustkvm error\0",
     };
     text.as_ptr().cast()
@@ -473,6 +476,7 @@ const _: () = {
     assert!(header::RUSTKVM_EV_INSNS_USER == 0 && header::RUSTKVM_EV_BRANCHES_KERNEL == 3);
     assert!(header::RUSTKVM_PMU_NONE == crate::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::vcpu::PMU_INTEL);
+    assert!(header::RUSTKVM_PMU_FULL_WIDTH == crate::vcpu::PMU_FULL_WIDTH);
 };
 
 /// The PMI budget ran out (vCPU thread).
@@ -724,9 +728,21 @@ mod tests {
                 stats: false,
                 mttcg: true,
                 counter_offset: 0,
+                pmu_counters: 0,
                 ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&bad_arch), header::RUSTKVM_EINVAL_ARCH);
+            let x86_nine = RustkvmConfig {
+                arch: header::RUSTKVM_ARCH_X86_64,
+                pmu_counters: 9,
+                ..bad_arch
+            };
+            assert_eq!(
+                rustkvm_machine_init(&x86_nine),
+                header::RUSTKVM_EINVAL_PMU_COUNTERS
+            );
+            let msg = CStr::from_ptr(rustkvm_strerror(header::RUSTKVM_EINVAL_PMU_COUNTERS));
+            assert_eq!(msg.to_str().unwrap(), "pmu-counters must be 1..8");
             let x86_offset = RustkvmConfig {
                 arch: header::RUSTKVM_ARCH_X86_64,
                 counter_offset: 1,
@@ -744,6 +760,7 @@ mod tests {
                 stats: false,
                 mttcg: true,
                 counter_offset: 0,
+                pmu_counters: 0,
                 ops: no_ops,
             };
             assert_eq!(rustkvm_machine_init(&cfg), header::RUSTKVM_OK);

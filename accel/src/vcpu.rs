@@ -225,6 +225,8 @@ impl Local {
 pub const PMU_NONE: u32 = 0;
 /// Intel architectural PMU version 2.
 pub const PMU_INTEL: u32 = 1;
+/// With PDCM: IA32_PERF_CAPABILITIES, full-width writes.
+pub const PMU_FULL_WIDTH: u32 = 0x100;
 
 /// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -554,8 +556,12 @@ impl Vcpu {
     pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32, pmu: u32, counting: *mut Counting) {
         self.shared.set_tsc_khz(tsc_khz);
         self.kvm_features.store(kvm_features, Ordering::Relaxed);
-        let config = if pmu == PMU_INTEL {
-            PmuConfig::TCG
+        let config = if pmu & 0xff == PMU_INTEL {
+            PmuConfig {
+                gp: self.shared.pmu_counters(),
+                full_width_writes: pmu & PMU_FULL_WIDTH != 0,
+                ..PmuConfig::TCG
+            }
         } else {
             PmuConfig::OFF
         };
@@ -853,6 +859,10 @@ mod tests {
         assert_eq!(v.rdpmc(0), Route::Handled(0));
         assert_eq!(v.wrmsr(0x38f, 0), Route::Handled(()));
         assert_eq!((c.active, c.budget), (0, i64::MAX), "GLOBAL_CTRL stops it");
+        v.x86_setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, &mut *c);
+        assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13), "PDCM: FW_WRITE");
+        assert_eq!(v.wrmsr(0x4c1, 1 << 40), Route::Handled(()), "full width");
+        assert_eq!(v.rdpmc(0), Route::Handled(1 << 40));
         v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
         assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
     }

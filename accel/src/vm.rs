@@ -50,6 +50,8 @@ pub struct VmConfig {
     pub mttcg: bool,
     /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset.
     pub counter_offset: u64,
+    /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU.
+    pub pmu_counters: u8,
 }
 
 impl VmConfig {
@@ -64,7 +66,29 @@ impl VmConfig {
             stats,
             mttcg: true,
             counter_offset: 0,
+            pmu_counters: crate::x86::pmu::PmuConfig::DEFAULT.gp,
         })
+    }
+
+    /// Set the x86 PMU's GP counter count (0: the default); arm64's PMU
+    /// does not take it yet.
+    pub fn with_pmu_counters(self, n: u32) -> Result<Self, AccelError> {
+        if n == 0 {
+            return Ok(self);
+        }
+        if self.arch != Arch::X86_64 {
+            return Err(AccelError::OptionNotForArch {
+                option: "pmu-counters",
+                arch: self.arch.name(),
+            });
+        }
+        match u8::try_from(n) {
+            Ok(gp) if (1..=crate::x86::pmu::MAX_GP as u8).contains(&gp) => Ok(VmConfig {
+                pmu_counters: gp,
+                ..self
+            }),
+            _ => Err(AccelError::InvalidPmuCounters(n)),
+        }
     }
 
     /// Set the arm64 counter offset; other architectures have none.
@@ -95,6 +119,8 @@ pub struct Shared {
     tsc_khz: AtomicU64,
     /// x86: MSR_KVM_WALL_CLOCK(_NEW), one per VM as in KVM.
     pub wall_clock_msr: AtomicU64,
+    /// x86: `pmu-counters` (set once at machine creation).
+    pmu_counters: AtomicU32,
 }
 
 impl std::fmt::Debug for Shared {
@@ -116,7 +142,13 @@ impl Shared {
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
+            pmu_counters: AtomicU32::new(u32::from(crate::x86::pmu::PmuConfig::DEFAULT.gp)),
         }
+    }
+
+    /// x86: GP counters of a `pmu=on` vCPU's PMU.
+    pub fn pmu_counters(&self) -> u8 {
+        self.pmu_counters.load(Ordering::Relaxed) as u8
     }
 
     /// Host monotonic time in ns since the machine was created (never 0).
@@ -171,9 +203,13 @@ impl Vm {
 
     /// A machine with no vCPUs over `memory`.
     pub fn with_memory(config: VmConfig, memory: Box<dyn Host + Send + Sync>) -> Self {
+        let shared = Shared::new(memory, config.mttcg);
+        shared
+            .pmu_counters
+            .store(u32::from(config.pmu_counters), Ordering::Relaxed);
         Vm {
             config,
-            shared: Arc::new(Shared::new(memory, config.mttcg)),
+            shared: Arc::new(shared),
             vcpus: Mutex::new(vec![None; config.max_cpus as usize]),
         }
     }
@@ -294,6 +330,35 @@ mod tests {
             Err(AccelError::InvalidCpuCount(MAX_VCPUS + 1))
         );
         assert!(VmConfig::new(Arch::Aarch64, MAX_VCPUS, false).is_ok());
+    }
+
+    #[test]
+    fn pmu_counters_are_x86s_and_kvms_range() {
+        let x86 = VmConfig::new(Arch::X86_64, 1, false).unwrap();
+        assert_eq!(x86.pmu_counters, 4, "KVM's default");
+        assert_eq!(x86.with_pmu_counters(0).unwrap().pmu_counters, 4);
+        assert_eq!(x86.with_pmu_counters(8).unwrap().pmu_counters, 8);
+        assert_eq!(x86.with_pmu_counters(1).unwrap().pmu_counters, 1);
+        assert_eq!(
+            x86.with_pmu_counters(9),
+            Err(AccelError::InvalidPmuCounters(9))
+        );
+        assert_eq!(
+            x86.with_pmu_counters(1 << 8),
+            Err(AccelError::InvalidPmuCounters(256))
+        );
+        let arm = VmConfig::new(Arch::Aarch64, 1, false).unwrap();
+        assert!(matches!(
+            arm.with_pmu_counters(2),
+            Err(AccelError::OptionNotForArch { .. })
+        ));
+        let vm = Vm::new(x86.with_pmu_counters(6).unwrap());
+        let v = vm.create_vcpu(0).unwrap();
+        v.x86_setup(0, 0, crate::vcpu::PMU_INTEL, std::ptr::null_mut());
+        let crate::vcpu::Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
+            panic!("CPUID 0xA");
+        };
+        assert_eq!((leaf[0] >> 8) & 0xff, 6, "GP counters in CPUID 0xA");
     }
 
     #[test]

@@ -660,6 +660,31 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
         "{:?}",
         tcg.outcome.status
     );
+    // KVM's default is 4 GP counters; -accel rustkvm,pmu-counters=N (1..8)
+    // changes it, and everything above still holds with 2 and with 8.
+    assert_eq!(
+        measure(
+            &run_one("x86-pmu", Arch::X86_64, Variant::Default),
+            "cpuid.0xa.gp-counters"
+        ),
+        "4"
+    );
+    for n in ["2", "8"] {
+        let opts = run::RunOptions {
+            accel_opts: vec![format!("pmu-counters={n}")],
+            ..Default::default()
+        };
+        let r = run::run_with(
+            &find_test("x86-pmu"),
+            Arch::X86_64,
+            Variant::Default,
+            Backend::Rustkvm,
+            &opts,
+        )
+        .expect("ran");
+        assert_eq!(r.outcome.status, Status::Pass, "{n}: {}", r.outcome.serial);
+        assert_eq!(measure(&r, "cpuid.0xa.gp-counters"), n);
+    }
 }
 
 #[test]

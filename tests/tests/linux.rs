@@ -237,7 +237,8 @@ fn steal_grows_when_two_vcpus_share_one_host_thread(arch: Arch) {
 #[test]
 fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
     let _serial = serial();
-    // -cpu max,vendor=GenuineIntel,pmu=on: the architectural PMU v2.
+    // -cpu max,vendor=GenuineIntel,pmu=on: the architectural PMU v2, with
+    // PDCM, so IA32_PERF_CAPABILITIES offers full-width counter writes.
     let config = Config {
         arch: Arch::X86_64,
         backend: Backend::Rustkvm,
@@ -250,7 +251,10 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
     let (r, label) = (report(&run), run.config.label());
     common_truths(r, &label);
     assert!(
-        dmesg_has(r, "generic architected perfmon, Intel PMU driver"),
+        dmesg_has(
+            r,
+            "generic architected perfmon, full-width counters, Intel PMU driver"
+        ),
         "{label}: {}",
         r["dmesg"]
     );

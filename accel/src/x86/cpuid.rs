@@ -70,15 +70,20 @@ pub const KVM_DEFAULT_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_PV_EOI
     | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
 
+/// CPUID.1:ECX[15] PDCM: IA32_PERF_CAPABILITIES exists (QEMU clears it
+/// without `pmu=on`; SDM vol. 2A, CPUID).
+pub const CPUID_1_ECX_PDCM: u32 = 1 << 15;
+
 /// Which bits of CPUID `leaf`/`subleaf` register `reg` rustkvm can offer,
 /// given what TCG offers (`tcg`).
 /// Besides KVM's leaves: the TSC-deadline timer, IA32_TSC_ADJUST and the
 /// invariant TSC (the guest TSC counts VM time at a fixed rate, see
-/// `x86::clock`), which TCG lacks.
+/// `x86::clock`), which TCG lacks, and PDCM (the PMU's
+/// IA32_PERF_CAPABILITIES, with full-width counter writes).
 pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
     match (leaf, subleaf, reg) {
         (KVM_CPUID_FEATURES, _, REG_EAX) => tcg | IMPLEMENTED_KVM_FEATURES,
-        (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE,
+        (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE | CPUID_1_ECX_PDCM,
         (7, 0, REG_EBX) => tcg | CPUID_7_0_EBX_TSC_ADJUST,
         (0x8000_0007, _, REG_EDX) => tcg | CPUID_8000_0007_EDX_INVTSC,
         _ => tcg,
@@ -123,7 +128,11 @@ mod tests {
             0x1234,
             "other words untouched"
         );
-        assert_eq!(supported(1, 0, REG_ECX, 0), 1 << 24, "TSC-deadline");
+        assert_eq!(
+            supported(1, 0, REG_ECX, 0),
+            1 << 24 | 1 << 15,
+            "TSC-deadline, PDCM"
+        );
         assert_eq!(supported(7, 0, REG_EBX, 1), 3, "TSC_ADJUST");
         assert_eq!(supported(7, 1, REG_EBX, 0), 0);
         assert_eq!(supported(0x8000_0007, 0, REG_EDX, 0), 1 << 8, "invtsc");
