@@ -427,6 +427,9 @@ impl Vcpu {
             return None;
         }
         Some(self.local(|l| {
+            if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) {
+                return Route::Handled(0);
+            }
             let ev = l.events(&self.shared, l.pmu.counts_cycles());
             l.pmu
                 .read_msr(index, &ev)
@@ -440,6 +443,9 @@ impl Vcpu {
             return None;
         }
         Some(self.local(|l| {
+            if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) {
+                return Route::Handled(());
+            }
             // The clock only if a cycle counter counts or may start to.
             let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
             let ev = l.events(&self.shared, cycles);
@@ -812,7 +818,19 @@ mod tests {
         assert_eq!(v.rdmsr(0x1b), Route::Unhandled);
         assert_eq!(v.wrmsr(0x1b, 0x1001), Route::Unhandled);
         assert_eq!(v.rdpmc(0x4000_0000), Route::Fault, "no PMU: #GP as KVM");
-        assert_eq!(v.rdmsr(0x186), Route::Fault, "no PMU: its MSRs #GP");
+        assert_eq!(v.rdmsr(0x188), Route::Fault, "no PMU: its MSRs #GP ...");
+        assert_eq!(v.wrmsr(0x38f, 1), Route::Fault);
+        assert_eq!(
+            v.rdmsr(0x186),
+            Route::Handled(0),
+            "... but the legacy ones read 0"
+        );
+        assert_eq!(
+            v.wrmsr(0xc1, 5),
+            Route::Handled(()),
+            "... and ignore writes"
+        );
+        assert_eq!(v.rdmsr(0xc1), Route::Handled(0));
         let a = Vcpu::new(1, Arch::Aarch64);
         assert_eq!(
             a.hvc_smc(false, [0x8400_0000, 0, 0, 0, 0, 0, 0, 0]),

@@ -177,6 +177,14 @@ pub fn may_start_cycles(index: u32, value: u64) -> bool {
         && value & evtsel::EVENT == 0x3c)
 }
 
+/// The legacy counter MSRs KVM answers even when the PMU does not have
+/// them: they read 0 and writes are ignored (`kvm_get_msr_common`,
+/// `kvm_set_msr_common`: MSR_P6_PERFCTR0..1, MSR_P6_EVNTSEL0..1 and AMD's
+/// MSR_K7_EVNTSEL0..3, MSR_K7_PERFCTR0..3). Every other PMU MSR #GPs.
+pub fn kvm_reads_as_zero(index: u32) -> bool {
+    matches!(index, 0xc1 | 0xc2 | 0x186 | 0x187) || (0xc001_0000..=0xc001_0007).contains(&index)
+}
+
 /// The counting engine's per-vCPU state, shared with QEMU's generated code
 /// (`RustkvmCounting` in `rustkvm.h`, which lives in `CPUX86State`; the
 /// FFI layer checks the layouts agree). Only the vCPU's thread touches it.
