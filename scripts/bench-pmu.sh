@@ -6,6 +6,9 @@
 #   pmu_idle    -accel rustkvm, -cpu ...,pmu=on, the guest never enables a counter
 #   counting    -accel rustkvm, -cpu ...,pmu=on, 2 GP + 3 fixed counters count
 #               throughout (x86-pmu-workload)
+#   amd_idle    -accel rustkvm, -cpu max,pmu=on (AMD PMU), never enabled
+#   amd_count   -accel rustkvm, -cpu max,pmu=on, 3 counters (instructions,
+#               branches, cycles) count throughout (x86-pmu-workload)
 #   insn_plugin -accel tcg with QEMU's contrib insn plugin inline (what
 #               counting instructions costs stock QEMU)
 # printed as ratios to tcg; then the guest-measured cost of a WRMSR to a PMU
@@ -30,16 +33,19 @@ run() { # guest accel cpu [args...]
     grep -q '^ok ' <<<"$out" || die "$guest under $accel ($cpu) failed: $out"
     echo "$t1 - $t0" | bc -l
 }
-printf '%-4s %8s %9s %9s %9s %12s\n' run tcg_s pmu_off pmu_idle counting insn_plugin
+printf '%-4s %8s %9s %9s %9s %9s %10s %12s\n' run tcg_s pmu_off pmu_idle counting amd_idle amd_count insn_plugin
 for i in $(seq 1 "$runs"); do
     t=$(run plugin-workload tcg "$cpu")
     off=$(run plugin-workload rustkvm "$cpu,pmu=off")
     idle=$(run plugin-workload rustkvm "$cpu,pmu=on")
     cnt=$(run x86-pmu-workload rustkvm "$cpu,pmu=on")
+    aidle=$(run plugin-workload rustkvm max,pmu=on)
+    acnt=$(run x86-pmu-workload rustkvm max,pmu=on)
     plug=$(run plugin-workload tcg "$cpu" -plugin "$insn,inline=on")
-    printf '%-4s %8.3f %8.3fx %8.3fx %8.3fx %11.3fx\n' "$i" "$t" \
+    printf '%-4s %8.3f %8.3fx %8.3fx %8.3fx %8.3fx %9.3fx %11.3fx\n' "$i" "$t" \
         "$(echo "$off / $t" | bc -l)" "$(echo "$idle / $t" | bc -l)" \
-        "$(echo "$cnt / $t" | bc -l)" "$(echo "$plug / $t" | bc -l)"
+        "$(echo "$cnt / $t" | bc -l)" "$(echo "$aidle / $t" | bc -l)" \
+        "$(echo "$acnt / $t" | bc -l)" "$(echo "$plug / $t" | bc -l)"
 done
 echo
 printf '%-4s %15s %15s %10s\n' run wrmsr_pmu_cyc wrmsr_tcg_cyc pmu/tcg

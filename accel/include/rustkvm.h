@@ -183,11 +183,17 @@ typedef struct RustkvmCounting {
 #define RUSTKVM_PMU_NONE 0u
 /** Intel architectural PMU version 2 (-cpu <Intel vendor>,pmu=on). */
 #define RUSTKVM_PMU_INTEL 1u
+/** AMD PMU (-cpu <AMD vendor>,pmu=on): the legacy K7 counters ... */
+#define RUSTKVM_PMU_AMD 2u
 /**
  * Or'ed to RUSTKVM_PMU_INTEL: the vCPU has PDCM (CPUID.1:ECX[15]), so
  * IA32_PERF_CAPABILITIES exists and offers full-width counter writes.
  */
 #define RUSTKVM_PMU_FULL_WIDTH 0x100u
+/** ... or'ed to RUSTKVM_PMU_AMD: PerfCtrExtCore (CPUID 0x80000001 ECX[23]) ... */
+#define RUSTKVM_PMU_PERFCTR_CORE 0x200u
+/** ... and PerfMonV2 (CPUID 0x80000022 EAX[0]). */
+#define RUSTKVM_PMU_PERFMON_V2 0x400u
 
 /**
  * The PMI budget ran out with the block that was just entered, or the

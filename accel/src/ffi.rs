@@ -477,6 +477,9 @@ const _: () = {
     assert!(header::RUSTKVM_PMU_NONE == crate::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::vcpu::PMU_INTEL);
     assert!(header::RUSTKVM_PMU_FULL_WIDTH == crate::vcpu::PMU_FULL_WIDTH);
+    assert!(header::RUSTKVM_PMU_AMD == crate::vcpu::PMU_AMD);
+    assert!(header::RUSTKVM_PMU_PERFCTR_CORE == crate::vcpu::PMU_PERFCTR_CORE);
+    assert!(header::RUSTKVM_PMU_PERFMON_V2 == crate::vcpu::PMU_PERFMON_V2);
 };
 
 /// The PMI budget ran out (vCPU thread).

@@ -221,12 +221,21 @@ impl Local {
     }
 }
 
+/// CPUID 0x80000001 ECX[23]: AMD PerfCtrExtCore.
+const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
+
 /// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
 pub const PMU_NONE: u32 = 0;
 /// Intel architectural PMU version 2.
 pub const PMU_INTEL: u32 = 1;
+/// AMD PMU (legacy K7 counters; with the flags below, more).
+pub const PMU_AMD: u32 = 2;
 /// With PDCM: IA32_PERF_CAPABILITIES, full-width writes.
 pub const PMU_FULL_WIDTH: u32 = 0x100;
+/// AMD PerfCtrExtCore (CPUID 0x80000001 ECX[23]).
+pub const PMU_PERFCTR_CORE: u32 = 0x200;
+/// AMD PerfMonV2 (CPUID 0x80000022 EAX[0]).
+pub const PMU_PERFMON_V2: u32 = 0x400;
 
 /// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -401,15 +410,40 @@ impl Vcpu {
     }
 
     /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
-    pub fn cpuid(&self, leaf: u32, _subleaf: u32, _tcg: [u32; 4]) -> Route<[u32; 4]> {
+    pub fn cpuid(&self, leaf: u32, _subleaf: u32, tcg: [u32; 4]) -> Route<[u32; 4]> {
         bump(&self.routes.cpuid);
-        if leaf == 0xa && self.arch == Arch::X86_64 {
-            let config = self.local(|l| l.pmu.config);
-            if config.version != 0 {
-                return Route::Handled(config.cpuid_0xa());
-            }
+        if self.arch != Arch::X86_64 {
+            return Route::Unhandled;
         }
-        Route::Unhandled
+        let config = self.local(|l| l.pmu.config);
+        let amd = config.version != 0 && config.vendor == pmu::Vendor::Amd;
+        match leaf {
+            0xa if config.version != 0 && !amd => Route::Handled(config.cpuid_0xa()),
+            // PerfCtrExtCore only with the AMD PMU that has it (KVM drops
+            // the bit without a PMU).
+            0x8000_0001
+                if tcg[2] & CPUID_8000_0001_ECX_PERFCTR_CORE != 0
+                    && !(amd && config.perfctr_core) =>
+            {
+                let mut r = tcg;
+                r[2] &= !CPUID_8000_0001_ECX_PERFCTR_CORE;
+                Route::Handled(r)
+            }
+            // PDCM (IA32_PERF_CAPABILITIES) only with the Intel PMU that has
+            // the MSR (an AMD model with pmu=on would show it otherwise).
+            1 if tcg[2] & crate::x86::cpuid::CPUID_1_ECX_PDCM != 0
+                && !(config.version != 0 && !amd && config.full_width_writes) =>
+            {
+                let mut r = tcg;
+                r[2] &= !crate::x86::cpuid::CPUID_1_ECX_PDCM;
+                Route::Handled(r)
+            }
+            // PerfMonV2 and its number of core counters (EBX[3:0]).
+            0x8000_0022 if amd && config.version >= 2 => {
+                Route::Handled([1, u32::from(config.gp), 0, 0])
+            }
+            _ => Route::Unhandled,
+        }
     }
 
     /// The lock-free part of the vCPU (see [`LocalCell`]); `f` must not
@@ -562,12 +596,16 @@ impl Vcpu {
     pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32, pmu: u32, counting: *mut Counting) {
         self.shared.set_tsc_khz(tsc_khz);
         self.kvm_features.store(kvm_features, Ordering::Relaxed);
+        let n = self.shared.pmu_counters();
         let config = if pmu & 0xff == PMU_INTEL {
             PmuConfig {
-                gp: self.shared.pmu_counters(),
+                gp: if n == 0 { PmuConfig::TCG.gp } else { n },
                 full_width_writes: pmu & PMU_FULL_WIDTH != 0,
                 ..PmuConfig::TCG
             }
+        } else if pmu & 0xff == PMU_AMD {
+            let gp = if n == 0 { pmu::MAX_AMD_GP as u8 } else { n };
+            PmuConfig::amd(pmu & PMU_PERFCTR_CORE != 0, pmu & PMU_PERFMON_V2 != 0, gp)
         } else {
             PmuConfig::OFF
         };
@@ -883,6 +921,41 @@ mod tests {
         assert_eq!(v.rdpmc(0), Route::Handled(1 << 40));
         v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
         assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
+    }
+
+    #[test]
+    fn an_amd_pmu_shows_in_amds_leaves_and_not_in_intels() {
+        let v = Vcpu::new(0, Arch::X86_64);
+        let tcg = [0, 0, 1 << 23 | 1, 0];
+        // No PMU: PerfCtrExtCore is taken out of 0x80000001 ECX (as KVM).
+        assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Handled([0, 0, 1, 0]));
+        v.x86_setup(
+            0,
+            0,
+            PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2,
+            std::ptr::null_mut(),
+        );
+        assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Unhandled);
+        assert_eq!(
+            v.cpuid(0x8000_0022, 0, [0; 4]),
+            Route::Handled([1, 6, 0, 0])
+        );
+        assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled, "no Intel leaf");
+        assert_eq!(
+            v.cpuid(1, 0, [0, 0, 1 << 15, 0]),
+            Route::Handled([0; 4]),
+            "no PDCM"
+        );
+        assert_eq!(v.rdmsr(0xc000_0301), Route::Handled(0x3f));
+        assert_eq!(v.rdmsr(0x38f), Route::Fault);
+        assert_eq!(v.rdpmc(5), Route::Handled(0));
+        assert_eq!(v.rdpmc(6), Route::Fault);
+        // Legacy only: 4 counters, no PerfMonV2 leaf, no extended MSRs.
+        v.x86_setup(0, 0, PMU_AMD, std::ptr::null_mut());
+        assert_eq!(v.cpuid(0x8000_0022, 0, [0; 4]), Route::Unhandled);
+        assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0));
+        assert_eq!(v.rdmsr(0xc001_0200), Route::Fault);
+        assert_eq!(v.rdpmc(4), Route::Fault);
     }
 
     #[test]

@@ -50,7 +50,8 @@ pub struct VmConfig {
     pub mttcg: bool,
     /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset.
     pub counter_offset: u64,
-    /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU.
+    /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU (0: the
+    /// vendor's default, Intel 4, AMD PerfMonV2 6).
     pub pmu_counters: u8,
 }
 
@@ -66,7 +67,7 @@ impl VmConfig {
             stats,
             mttcg: true,
             counter_offset: 0,
-            pmu_counters: crate::x86::pmu::PmuConfig::DEFAULT.gp,
+            pmu_counters: 0,
         })
     }
 
@@ -142,11 +143,11 @@ impl Shared {
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
-            pmu_counters: AtomicU32::new(u32::from(crate::x86::pmu::PmuConfig::DEFAULT.gp)),
+            pmu_counters: AtomicU32::new(0),
         }
     }
 
-    /// x86: GP counters of a `pmu=on` vCPU's PMU.
+    /// x86: `pmu-counters` (0: the vendor's default).
     pub fn pmu_counters(&self) -> u8 {
         self.pmu_counters.load(Ordering::Relaxed) as u8
     }
@@ -335,8 +336,8 @@ mod tests {
     #[test]
     fn pmu_counters_are_x86s_and_kvms_range() {
         let x86 = VmConfig::new(Arch::X86_64, 1, false).unwrap();
-        assert_eq!(x86.pmu_counters, 4, "KVM's default");
-        assert_eq!(x86.with_pmu_counters(0).unwrap().pmu_counters, 4);
+        assert_eq!(x86.pmu_counters, 0, "the vendor's default");
+        assert_eq!(x86.with_pmu_counters(0).unwrap().pmu_counters, 0);
         assert_eq!(x86.with_pmu_counters(8).unwrap().pmu_counters, 8);
         assert_eq!(x86.with_pmu_counters(1).unwrap().pmu_counters, 1);
         assert_eq!(

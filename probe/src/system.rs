@@ -38,6 +38,23 @@ pub fn kernel_release() -> Option<String> {
     read_trim("/proc/sys/kernel/osrelease")
 }
 
+/// The PMU-related CPU flags the kernel found (/proc/cpuinfo, first CPU):
+/// arch_perfmon and pdcm (Intel), perfctr_core and perfmon_v2 (AMD).
+pub fn pmu_cpu_flags() -> Vec<String> {
+    const PMU_FLAGS: [&str; 4] = ["arch_perfmon", "pdcm", "perfctr_core", "perfmon_v2"];
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("flags")).map(|l| {
+                l.split_whitespace()
+                    .filter(|f| PMU_FLAGS.contains(f))
+                    .map(str::to_string)
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
 /// Online CPU numbers (from the affinity mask of this process).
 pub fn online_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.

@@ -41,8 +41,31 @@ pub struct Config {
     /// Seconds the guest idles before the probe runs (`rustkvm.soak=`):
     /// time for the clocksource watchdog to complain, if it would.
     pub soak_s: u32,
-    /// x86: an Intel-vendor CPU with `pmu=on` (the architectural PMU).
-    pub pmu: bool,
+    /// x86: which PMU the guest's CPU has.
+    pub pmu: PmuModel,
+}
+
+/// x86: the CPU model's PMU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PmuModel {
+    /// The default CPU (`max`, an AMD model under TCG) without `pmu=on`.
+    #[default]
+    Off,
+    /// `-cpu max,vendor=GenuineIntel,pmu=on`: Intel's architectural PMU.
+    Intel,
+    /// `-cpu max,pmu=on`: AMD's PMU with PerfCtrExtCore and PerfMonV2.
+    Amd,
+}
+
+impl PmuModel {
+    /// Its name in labels and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PmuModel::Off => "off",
+            PmuModel::Intel => "intel",
+            PmuModel::Amd => "amd",
+        }
+    }
 }
 
 impl Config {
@@ -53,7 +76,10 @@ impl Config {
         } else {
             ""
         };
-        let pmu = if self.pmu { ",pmu" } else { "" };
+        let pmu = match self.pmu {
+            PmuModel::Off => String::new(),
+            m => format!(",pmu={}", m.name()),
+        };
         format!(
             "{}/{}{thread}{pmu}/smp{}",
             self.arch, self.backend, self.smp
@@ -140,11 +166,14 @@ pub fn command_args(
 ) -> Vec<String> {
     let (machine, cpu, console) = match (config.arch, config.backend) {
         // -arch-capabilities: QEMU aborts on MSR 0x10a with kvm_pvm otherwise.
-        (Arch::X86_64, Backend::Kvm) if config.pmu => {
+        (Arch::X86_64, Backend::Kvm) if config.pmu != PmuModel::Off => {
             ("pc", "host,-arch-capabilities,pmu=on", "ttyS0")
         }
         (Arch::X86_64, Backend::Kvm) => ("pc", "host,-arch-capabilities", "ttyS0"),
-        (Arch::X86_64, _) if config.pmu => ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0"),
+        (Arch::X86_64, _) if config.pmu == PmuModel::Intel => {
+            ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
+        }
+        (Arch::X86_64, _) if config.pmu == PmuModel::Amd => ("pc", "max,pmu=on", "ttyS0"),
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
@@ -609,7 +638,7 @@ mod tests {
                 smp: 2,
                 single_thread: false,
                 soak_s: 0,
-                pmu: false,
+                pmu: PmuModel::Off,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -704,7 +733,7 @@ mod tests {
             smp: 1,
             single_thread: false,
             soak_s: 0,
-            pmu: false,
+            pmu: PmuModel::Off,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -717,7 +746,7 @@ mod tests {
             smp: 2,
             single_thread: true,
             soak_s: 0,
-            pmu: false,
+            pmu: PmuModel::Off,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -729,7 +758,7 @@ mod tests {
         let c = Config {
             arch: Arch::X86_64,
             backend: Backend::Rustkvm,
-            pmu: true,
+            pmu: PmuModel::Intel,
             ..c
         };
         let a = command_args(c, k, k).join(" ");
@@ -737,6 +766,13 @@ mod tests {
             a.contains("-cpu max,vendor=GenuineIntel,pmu=on -accel rustkvm"),
             "{a}"
         );
-        assert_eq!(c.label(), "x86_64/rustkvm,thread=single,pmu/smp2");
+        assert_eq!(c.label(), "x86_64/rustkvm,thread=single,pmu=intel/smp2");
+        let c = Config {
+            pmu: PmuModel::Amd,
+            ..c
+        };
+        assert!(command_args(c, k, k)
+            .join(" ")
+            .contains("-cpu max,pmu=on -accel"));
     }
 }

@@ -696,3 +696,62 @@ fn x86_pmu_counters_survive_migration_exactly() {
     }
     assert!(!serial.contains("not ok"), "{serial}");
 }
+
+#[test]
+fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
+    let _serial = serial();
+    let amd = find_test("x86-pmu-amd");
+    let with = |cpu: Option<&str>, accel: Option<&str>| {
+        let opts = run::RunOptions {
+            qemu_args: cpu
+                .map(|c| vec!["-cpu".into(), c.into()])
+                .unwrap_or_default(),
+            accel_opts: accel.map(|a| vec![a.to_string()]).unwrap_or_default(),
+            ..Default::default()
+        };
+        let r = run::run_with(
+            &amd,
+            Arch::X86_64,
+            Variant::Default,
+            Backend::Rustkvm,
+            &opts,
+        )
+        .expect("ran");
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{cpu:?}: {}",
+            r.outcome.serial
+        );
+        r
+    };
+    // -cpu max,pmu=on: PerfCtrExtCore and PerfMonV2 with 6 counters.
+    let r = with(None, None);
+    assert_eq!(measure(&r, "perfctr-core"), "true");
+    assert_eq!(measure(&r, "perfmon-v2.counters"), "Some(6)");
+    // pmu-counters sets PerfMonV2's NumCorePmc.
+    let r = with(None, Some("pmu-counters=3"));
+    assert_eq!(measure(&r, "perfmon-v2.counters"), "Some(3)");
+    // EPYC: the four legacy K7 counters only.
+    let r = with(Some("EPYC,pmu=on"), None);
+    assert_eq!(measure(&r, "perfctr-core"), "false");
+    assert_eq!(measure(&r, "perfmon-v2.counters"), "None");
+    // Without pmu=on the guest finds no PMU (the K7 MSRs read 0, as KVM).
+    let opts = run::RunOptions {
+        qemu_args: vec!["-cpu".into(), "max,pmu=off".into()],
+        ..Default::default()
+    };
+    let r = run::run_with(
+        &amd,
+        Arch::X86_64,
+        Variant::Default,
+        Backend::Rustkvm,
+        &opts,
+    )
+    .expect("ran");
+    assert!(
+        matches!(r.outcome.status, Status::Skip(_)),
+        "{:?}",
+        r.outcome.status
+    );
+}

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use rustkvm_tests::linux::{self, Config, LinuxRun, Outcome};
+use rustkvm_tests::linux::{self, Config, LinuxRun, Outcome, PmuModel};
 use rustkvm_tests::{Arch, Backend};
 
 /// Tests here measure steal time and preemption, which other QEMUs running
@@ -34,7 +34,7 @@ fn boot_with(arch: Arch, backend: Backend, smp: u32, single_thread: bool) -> Lin
         smp,
         single_thread,
         soak_s: 0,
-        pmu: false,
+        pmu: PmuModel::Off,
     };
     linux::run(config, linux::DEFAULT_TIMEOUT)
 }
@@ -51,6 +51,16 @@ fn report(run: &LinuxRun) -> &Value {
         Outcome::Ok(r) => r,
         other => panic!("{}: {other:?}\n{}", run.config.label(), run.console),
     }
+}
+
+/// The probe's PMU-related CPU flags, sorted.
+fn pmu_flags(r: &Value) -> Vec<&str> {
+    let mut f: Vec<&str> = r["pmu_cpu_flags"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    f.sort_unstable();
+    f
 }
 
 fn dmesg_has(r: &Value, needle: &str) -> bool {
@@ -245,7 +255,7 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
         smp: 2,
         single_thread: false,
         soak_s: 0,
-        pmu: true,
+        pmu: PmuModel::Intel,
     };
     let run = linux::run(config, linux::DEFAULT_TIMEOUT);
     let (r, label) = (report(&run), run.config.label());
@@ -258,6 +268,7 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
         "{label}: {}",
         r["dmesg"]
     );
+    assert_eq!(pmu_flags(r), ["arch_perfmon", "pdcm"], "{label}");
     // perf_event_open(instructions/branches, exclude_kernel): the
     // difference between two runs of the known workload, exactly.
     for ev in ["instructions", "branches"] {
@@ -307,6 +318,64 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
 }
 
 #[test]
+fn x86_64_linux_amd_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
+    let _serial = serial();
+    // -cpu max,pmu=on: AMD's PMU with PerfCtrExtCore and PerfMonV2.
+    let config = Config {
+        arch: Arch::X86_64,
+        backend: Backend::Rustkvm,
+        smp: 2,
+        single_thread: false,
+        soak_s: 0,
+        pmu: PmuModel::Amd,
+    };
+    let run = linux::run(config, linux::DEFAULT_TIMEOUT);
+    let (r, label) = (report(&run), run.config.label());
+    common_truths(r, &label);
+    assert!(
+        dmesg_has(r, "core perfctr, AMD PMU driver"),
+        "{label}: {}",
+        r["dmesg"]
+    );
+    // (Linux does not log PerfMonV2; its CPU flags show it.)
+    assert_eq!(pmu_flags(r), ["perfctr_core", "perfmon_v2"], "{label}");
+    for ev in ["instructions", "branches"] {
+        assert_eq!(
+            r.pointer(&format!("/perf/{ev}/exact")),
+            Some(&Value::Bool(true)),
+            "{label}: {ev}: {}",
+            r["perf"][ev]
+        );
+    }
+    assert!(
+        r.pointer("/perf/cycles/delta")
+            .and_then(Value::as_u64)
+            .is_some_and(|d| d > 0),
+        "{label}: {}",
+        r["perf"]["cycles"]
+    );
+    // AMD has no reference-cycles event: perf says so.
+    assert!(
+        unsupported(r, "/perf/ref-cycles"),
+        "{label}: {}",
+        r["perf"]["ref-cycles"]
+    );
+    let at = |p: &str| r.pointer(p).and_then(Value::as_u64);
+    let (samples, expected) = (at("/sampling/samples"), at("/sampling/expected_about"));
+    assert!(
+        matches!((samples, expected), (Some(s), Some(e)) if s.abs_diff(e) <= 1),
+        "{label}: {}",
+        r["sampling"]
+    );
+    assert_eq!(at("/sampling/lost"), Some(0), "{label}: {}", r["sampling"]);
+    assert!(
+        at("/sampling_cycles/samples").is_some_and(|s| s > 0),
+        "{label}: {}",
+        r["sampling_cycles"]
+    );
+}
+
+#[test]
 fn x86_64_linux_kvm_clock_a_minute_without_watchdog_complaints() {
     let _serial = serial();
     let config = Config {
@@ -315,7 +384,7 @@ fn x86_64_linux_kvm_clock_a_minute_without_watchdog_complaints() {
         smp: 2,
         single_thread: false,
         soak_s: 60,
-        pmu: false,
+        pmu: PmuModel::Off,
     };
     let run = linux::run(config, linux::DEFAULT_TIMEOUT);
     let r = report(&run);

@@ -86,6 +86,9 @@ pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
         (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE | CPUID_1_ECX_PDCM,
         (7, 0, REG_EBX) => tcg | CPUID_7_0_EBX_TSC_ADJUST,
         (0x8000_0007, _, REG_EDX) => tcg | CPUID_8000_0007_EDX_INVTSC,
+        // The AMD PMU's PerfCtrExtCore and PerfMonV2 (with pmu=on).
+        (0x8000_0001, _, REG_ECX) => tcg | 1 << 23,
+        (0x8000_0022, _, REG_EAX) => tcg | 1,
         _ => tcg,
     }
 }

@@ -47,6 +47,27 @@ pub const MSR_IA32_PMC0_FULL: u32 = 0x4c1;
 /// PERF_CAPABILITIES.FW_WRITE.
 pub const PERF_CAP_FW_WRITES: u64 = 1 << 13;
 
+/// AMD MSR_K7_EVNTSEL0: legacy event selects, 0xC0010000 + i (i < 4).
+pub const MSR_K7_EVNTSEL0: u32 = 0xc001_0000;
+/// AMD MSR_K7_PERFCTR0: legacy counters, 0xC0010004 + i (i < 4).
+pub const MSR_K7_PERFCTR0: u32 = 0xc001_0004;
+/// AMD MSR_F15H_PERF_CTL0: PerfCtrExtCore selects, 0xC0010200 + 2i; the
+/// counters are interleaved at 0xC0010201 + 2i (APM vol. 2 §13.2).
+pub const MSR_F15H_PERF_CTL0: u32 = 0xc001_0200;
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS (read-only).
+pub const MSR_AMD64_GLOBAL_STATUS: u32 = 0xc000_0300;
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_CTL.
+pub const MSR_AMD64_GLOBAL_CTL: u32 = 0xc000_0301;
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS_CLR (write 1 to clear).
+pub const MSR_AMD64_GLOBAL_STATUS_CLR: u32 = 0xc000_0302;
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS_SET (writes ignored).
+pub const MSR_AMD64_GLOBAL_STATUS_SET: u32 = 0xc000_0303;
+/// Bits KVM drops from AMD event-select writes (`amd_pmu_refresh`:
+/// `reserved_bits`; bits 19, 21 and 36–63, so also HostOnly/GuestOnly).
+pub const AMD_EVTSEL_RESERVED: u64 = 0xffff_fff0_0028_0000;
+/// Most GP counters an AMD PMU has (KVM_MAX_NR_AMD_GP_COUNTERS).
+pub const MAX_AMD_GP: usize = 6;
+
 /// Counter width (GP and fixed), as KVM on current Intel hosts.
 pub const COUNTER_WIDTH: u32 = 48;
 /// Largest number of GP counters KVM offers (KVM_INTEL_PMC_MAX_GENERIC).
@@ -101,6 +122,19 @@ impl Event {
             (0xc4, 0x00) => Some(Event::Branches),
             (0x3c, 0x00) => Some(Event::Cycles),
             (0x3c, 0x01) => Some(Event::RefCycles),
+            _ => None,
+        }
+    }
+
+    /// The event an AMD PerfEvtSel value selects, if rustkvm counts it:
+    /// EventSelect is bits 7:0 and 35:32 (APM vol. 2 §13.2.1; Linux's
+    /// `amd_zen1_perfmon_event_map`).
+    pub fn from_amd_evtsel(v: u64) -> Option<Event> {
+        let event = (v & 0xff) | ((v >> 24) & 0xf00);
+        match (event, (v & evtsel::UMASK) >> 8) {
+            (0xc0, 0x00) => Some(Event::Instructions),
+            (0xc2, 0x00) => Some(Event::Branches),
+            (0x76, 0x00) => Some(Event::Cycles),
             _ => None,
         }
     }
@@ -164,17 +198,24 @@ pub fn is_arch_pmu_msr(index: u32) -> bool {
         || (MSR_CORE_PERF_FIXED_CTR0..MSR_CORE_PERF_FIXED_CTR0 + NUM_FIXED as u32).contains(&index)
         || (MSR_CORE_PERF_FIXED_CTR_CTRL..=MSR_CORE_PERF_GLOBAL_OVF_CTRL).contains(&index)
         || index == MSR_IA32_PERF_CAPABILITIES
+        || (MSR_K7_EVNTSEL0..MSR_K7_PERFCTR0 + 4).contains(&index)
+        || (MSR_F15H_PERF_CTL0..MSR_F15H_PERF_CTL0 + 2 * MAX_AMD_GP as u32).contains(&index)
+        || (MSR_AMD64_GLOBAL_STATUS..=MSR_AMD64_GLOBAL_STATUS_SET).contains(&index)
 }
 
 /// Whether writing `value` to `index` could make a counter count cycles
 /// (so the write needs the cycle totals): the controls, and event selects
 /// that select event 3CH.
 pub fn may_start_cycles(index: u32, value: u64) -> bool {
+    let amd_select = (MSR_K7_EVNTSEL0..MSR_K7_EVNTSEL0 + 4).contains(&index)
+        || ((MSR_F15H_PERF_CTL0..MSR_F15H_PERF_CTL0 + 2 * MAX_AMD_GP as u32).contains(&index)
+            && index & 1 == 0);
     matches!(
         index,
-        MSR_CORE_PERF_FIXED_CTR_CTRL | MSR_CORE_PERF_GLOBAL_CTRL
+        MSR_CORE_PERF_FIXED_CTR_CTRL | MSR_CORE_PERF_GLOBAL_CTRL | MSR_AMD64_GLOBAL_CTL
     ) || ((MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + MAX_GP as u32).contains(&index)
         && value & evtsel::EVENT == 0x3c)
+        || (amd_select && value & evtsel::EVENT == 0x76)
 }
 
 /// The legacy counter MSRs KVM answers even when the PMU does not have
@@ -269,30 +310,78 @@ pub struct PmuRegs {
     pub evtsel: [u64; MAX_GP],
 }
 
-/// The PMU a vCPU is given (CPUID 0xA), from `-cpu ...,pmu=on`.
+/// Whose PMU a vCPU has: the CPU model's vendor.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Vendor {
+    /// Intel's architectural PMU (CPUID 0xA, IA32_* MSRs).
+    #[default]
+    Intel,
+    /// AMD's PMU (K7 and PerfCtrExtCore MSRs, PerfMonV2).
+    Amd,
+}
+
+/// The PMU a vCPU is given, from `-cpu ...,pmu=on`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PmuConfig {
-    /// Architectural PMU version: 0 (no PMU) or 2.
+    /// Whose PMU.
+    pub vendor: Vendor,
+    /// PMU version: 0 (no PMU); Intel 2 (architectural PMU v2); AMD 1, or
+    /// 2 with PerfMonV2 (KVM's `pmu->version` for each).
     pub version: u8,
-    /// General-purpose counters (1..=8).
+    /// General-purpose counters (Intel 1..=8; AMD 4, 6 with
+    /// PerfCtrExtCore, or CPUID 0x80000022 EBX with PerfMonV2, at most 6).
     pub gp: u8,
-    /// Whether IA32_PERF_CAPABILITIES offers FW_WRITE (full-width writes).
+    /// Intel: IA32_PERF_CAPABILITIES offers FW_WRITE (full-width writes).
     pub full_width_writes: bool,
+    /// AMD: PerfCtrExtCore (CPUID 0x80000001 ECX[23]), the 0xC0010200 MSRs.
+    pub perfctr_core: bool,
 }
 
 impl PmuConfig {
     /// No PMU (`pmu=off`): CPUID 0xA is 0, every PMU MSR #GPs.
     pub const OFF: PmuConfig = PmuConfig {
+        vendor: Vendor::Intel,
         version: 0,
         gp: 0,
         full_width_writes: false,
+        perfctr_core: false,
     };
     /// KVM's default Intel PMU: version 2, 4 GP counters, full-width writes.
     pub const DEFAULT: PmuConfig = PmuConfig {
+        vendor: Vendor::Intel,
         version: 2,
         gp: 4,
         full_width_writes: true,
+        perfctr_core: false,
     };
+
+    /// KVM's AMD PMU for a CPU with PerfCtrExtCore (`perfctr_core`) and
+    /// PerfMonV2 (`v2`, then with `gp` counters): `amd_pmu_refresh`.
+    pub fn amd(perfctr_core: bool, v2: bool, gp: u8) -> PmuConfig {
+        let gp = if v2 {
+            gp
+        } else if perfctr_core {
+            MAX_AMD_GP as u8
+        } else {
+            4
+        };
+        PmuConfig {
+            vendor: Vendor::Amd,
+            version: if v2 { 2 } else { 1 },
+            gp: gp.min(MAX_AMD_GP as u8),
+            full_width_writes: false,
+            perfctr_core,
+        }
+    }
+
+    /// Whether counting is gated by a global control register (Intel v2,
+    /// AMD PerfMonV2; KVM's `kvm_pmu_has_perf_global_ctrl`).
+    fn has_global_ctrl(self) -> bool {
+        match self.vendor {
+            Vendor::Intel => self.version >= 2,
+            Vendor::Amd => self.version >= 2,
+        }
+    }
     /// What rustkvm gives `-cpu <Intel model>,pmu=on`: KVM's default without
     /// PERF_CAPABILITIES, since TCG does not offer PDCM (CPUID.1:ECX[15]),
     /// and KVM then zeroes the guest's perf capabilities.
@@ -310,7 +399,7 @@ impl PmuConfig {
     }
 
     fn fixed(self) -> usize {
-        if self.version == 0 {
+        if self.version == 0 || self.vendor == Vendor::Amd {
             0
         } else {
             NUM_FIXED
@@ -321,7 +410,7 @@ impl PmuConfig {
     /// architectural events rustkvm does not count (LLC references and
     /// misses, branch mispredicts).
     pub fn cpuid_0xa(self) -> [u32; 4] {
-        if self.version == 0 {
+        if self.version == 0 || self.vendor == Vendor::Amd {
             return [0; 4];
         }
         /// EBX: bit i set = architectural event i not available.
@@ -514,7 +603,9 @@ impl Pmu {
         }
         s.global_status = r.global_status & cfg.global_ctrl_mask();
         for i in 0..cfg.gp() {
-            if r.evtsel[i] & EVTSEL_RESERVED == 0 {
+            if cfg.vendor == Vendor::Amd {
+                s.evtsel[i] = r.evtsel[i] & !AMD_EVTSEL_RESERVED;
+            } else if r.evtsel[i] & EVTSEL_RESERVED == 0 {
                 s.evtsel[i] = r.evtsel[i];
             }
             s.gp[i].value = r.gp[i] & MASK;
@@ -535,7 +626,11 @@ impl Pmu {
     /// whose GP enable bits are set at RESET (SDM: "Sets bits n-1:0 and
     /// clears the upper bits"; KVM since commit de120e1d692d, Linux 6.9).
     pub fn new(config: PmuConfig) -> Pmu {
-        let gp_enables = (1u64 << config.gp()) - 1;
+        let gp_enables = if config.has_global_ctrl() {
+            (1u64 << config.gp()) - 1
+        } else {
+            0
+        };
         Pmu {
             config,
             state: PmuState {
@@ -554,7 +649,7 @@ impl Pmu {
 
     fn counting(&self, w: Which) -> Option<Selected> {
         let s = &self.state;
-        if s.global_ctrl & w.bit() == 0 {
+        if self.config.has_global_ctrl() && s.global_ctrl & w.bit() == 0 {
             return None;
         }
         match w {
@@ -566,8 +661,12 @@ impl Pmu {
                 {
                     return None;
                 }
+                let event = match self.config.vendor {
+                    Vendor::Intel => Event::from_evtsel(sel)?,
+                    Vendor::Amd => Event::from_amd_evtsel(sel)?,
+                };
                 Some(Selected {
-                    event: Event::from_evtsel(sel)?,
+                    event,
                     filter: Filter {
                         usr: sel & evtsel::USR != 0,
                         os: sel & evtsel::OS != 0,
@@ -714,6 +813,9 @@ impl Pmu {
         if self.config.version == 0 {
             return false;
         }
+        if self.config.vendor == Vendor::Amd {
+            return self.amd_msr(index).is_some();
+        }
         let gp = self.config.gp() as u32;
         self.counter_msr(index).is_some()
             || (MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + gp).contains(&index)
@@ -729,6 +831,9 @@ impl Pmu {
 
     /// RDMSR; None for an MSR this PMU does not have (#GP).
     pub fn read_msr(&self, index: u32, ev: &Events) -> Option<u64> {
+        if self.config.vendor == Vendor::Amd {
+            return self.amd_read_msr(index, ev);
+        }
         if !self.is_pmu_msr(index) {
             return None;
         }
@@ -763,6 +868,9 @@ impl Pmu {
     /// counters that overflowed (and want a PMI) in the sync the write
     /// needed; Err means #GP (KVM's answers in `intel_pmu_set_msr`).
     pub fn write_msr(&mut self, index: u32, value: u64, ev: &Events) -> Result<u64, X86Error> {
+        if self.config.vendor == Vendor::Amd {
+            return self.amd_write_msr(index, value, ev);
+        }
         let gp_fault = Err(X86Error::ReservedBits { msr: index, value });
         if !self.is_pmu_msr(index) {
             return gp_fault;
@@ -834,6 +942,11 @@ impl Pmu {
         if self.config.version == 0 {
             return None;
         }
+        if self.config.vendor == Vendor::Amd {
+            // ECX is the counter index, 0..gp (`amd_check_rdpmc_early`).
+            let i = ecx as usize;
+            return (i < self.config.gp()).then(|| self.value(Which::Gp(i), ev));
+        }
         let idx = (ecx & !(3 << 30)) as usize;
         let w = if ecx & (1 << 30) != 0 {
             (idx < self.config.fixed()).then_some(Which::Fixed(idx))?
@@ -846,6 +959,122 @@ impl Pmu {
         } else {
             v
         })
+    }
+}
+
+/// What an AMD PMU MSR is (see [`Pmu::amd_msr`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AmdMsr {
+    /// PerfEvtSel of GP counter i.
+    Select(usize),
+    /// PerfCtr of GP counter i.
+    Counter(usize),
+    /// PerfMonV2 global registers.
+    GlobalStatus,
+    GlobalCtl,
+    GlobalStatusClr,
+    GlobalStatusSet,
+}
+
+impl Pmu {
+    /// The AMD PMU MSR `index` names, if this PMU has it (KVM's
+    /// `amd_is_valid_msr` and `get_gp_pmc_amd`): the K7 MSRs alias
+    /// counters 0–3; the PerfCtrExtCore ones exist only with that feature;
+    /// the global registers only with PerfMonV2.
+    fn amd_msr(&self, index: u32) -> Option<AmdMsr> {
+        let gp = self.config.gp();
+        let counter = |i: usize, m: AmdMsr| (i < gp).then_some(m);
+        match index {
+            i if (MSR_K7_EVNTSEL0..MSR_K7_EVNTSEL0 + 4).contains(&i) => {
+                let n = (i - MSR_K7_EVNTSEL0) as usize;
+                counter(n, AmdMsr::Select(n))
+            }
+            i if (MSR_K7_PERFCTR0..MSR_K7_PERFCTR0 + 4).contains(&i) => {
+                let n = (i - MSR_K7_PERFCTR0) as usize;
+                counter(n, AmdMsr::Counter(n))
+            }
+            i if self.config.perfctr_core
+                && (MSR_F15H_PERF_CTL0..MSR_F15H_PERF_CTL0 + 2 * MAX_AMD_GP as u32)
+                    .contains(&i) =>
+            {
+                let n = ((i - MSR_F15H_PERF_CTL0) / 2) as usize;
+                if i & 1 == 0 {
+                    counter(n, AmdMsr::Select(n))
+                } else {
+                    counter(n, AmdMsr::Counter(n))
+                }
+            }
+            MSR_AMD64_GLOBAL_STATUS if self.config.has_global_ctrl() => Some(AmdMsr::GlobalStatus),
+            MSR_AMD64_GLOBAL_CTL if self.config.has_global_ctrl() => Some(AmdMsr::GlobalCtl),
+            MSR_AMD64_GLOBAL_STATUS_CLR if self.config.has_global_ctrl() => {
+                Some(AmdMsr::GlobalStatusClr)
+            }
+            MSR_AMD64_GLOBAL_STATUS_SET if self.config.has_global_ctrl() => {
+                Some(AmdMsr::GlobalStatusSet)
+            }
+            _ => None,
+        }
+    }
+
+    /// RDMSR of an AMD PMU; None means #GP (`kvm_pmu_get_msr`,
+    /// `amd_pmu_get_msr`).
+    fn amd_read_msr(&self, index: u32, ev: &Events) -> Option<u64> {
+        if self.config.version == 0 {
+            return None;
+        }
+        let s = &self.state;
+        Some(match self.amd_msr(index)? {
+            AmdMsr::Select(i) => s.evtsel[i],
+            AmdMsr::Counter(i) => self.value(Which::Gp(i), ev),
+            AmdMsr::GlobalStatus | AmdMsr::GlobalStatusSet => {
+                s.global_status | self.pending_status(ev)
+            }
+            AmdMsr::GlobalCtl => s.global_ctrl,
+            AmdMsr::GlobalStatusClr => 0,
+        })
+    }
+
+    /// WRMSR of an AMD PMU (`kvm_pmu_set_msr`, `amd_pmu_set_msr`): counters
+    /// take 48 bits; event selects and GLOBAL_CTL drop reserved bits
+    /// silently; GLOBAL_STATUS is read-only (#GP), STATUS_SET ignores the
+    /// guest ("read-only per the PPR"), STATUS_CLR clears.
+    fn amd_write_msr(&mut self, index: u32, value: u64, ev: &Events) -> Result<u64, X86Error> {
+        let Some(msr) = self.amd_msr(index).filter(|_| self.config.version != 0) else {
+            return Err(X86Error::ReservedBits { msr: index, value });
+        };
+        let pmi = self.sync(ev);
+        let changed = match msr {
+            AmdMsr::Counter(i) => {
+                let w = Which::Gp(i);
+                let base = self.counting(w).map_or(0, |k| ev.total(k.event, k.filter));
+                *self.counter_mut(w) = Counter {
+                    value: value & MASK,
+                    base,
+                };
+                return Ok(pmi);
+            }
+            AmdMsr::Select(i) => {
+                self.state.evtsel[i] = value & !AMD_EVTSEL_RESERVED;
+                Which::Gp(i).bit()
+            }
+            AmdMsr::GlobalStatus => return Err(X86Error::ReservedBits { msr: index, value }),
+            AmdMsr::GlobalStatusSet => return Ok(pmi),
+            AmdMsr::GlobalStatusClr => {
+                self.state.global_status &= !value;
+                return Ok(pmi);
+            }
+            AmdMsr::GlobalCtl => {
+                self.state.global_ctrl = value & self.config.global_ctrl_mask();
+                self.config.global_ctrl_mask()
+            }
+        };
+        self.refresh_some(changed);
+        for w in self.live().filter(|w| w.bit() & changed != 0) {
+            if let Some(k) = self.counting(w) {
+                self.counter_mut(w).base = ev.total(k.event, k.filter);
+            }
+        }
+        Ok(pmi)
     }
 }
 
@@ -1115,5 +1344,118 @@ mod tests {
         assert_eq!(p.until_overflow(&e1), None, "no instruction budget for it");
         let e2 = ev(400, 0);
         assert_eq!(p.sync(&e2), 1 << 33, "wrapped: its PMI");
+    }
+
+    #[test]
+    fn amd_legacy_and_extended_msrs_alias_and_count_kvms_events() {
+        let mut p = Pmu::new(PmuConfig::amd(true, false, 0));
+        assert_eq!(
+            (p.config.version, p.config.gp()),
+            (1, 6),
+            "PerfCtrExtCore: 6"
+        );
+        assert_eq!(p.config.cpuid_0xa(), [0; 4], "no Intel leaf");
+        let e0 = ev(1000, 500);
+        // Retired instructions (C0H) at any CPL on counter 1 via the K7
+        // select; no global control: EN alone counts.
+        let sel = evtsel::EN | evtsel::USR | evtsel::OS | 0xc0;
+        p.write_msr(0xc001_0001, sel, &e0).unwrap();
+        assert_eq!(
+            p.read_msr(0xc001_0202, &e0),
+            Some(sel),
+            "CTL1 aliases EVNTSEL1"
+        );
+        p.write_msr(0xc001_0203, 100, &e0).unwrap();
+        let e1 = ev(1010, 505);
+        assert_eq!(
+            p.read_msr(0xc001_0005, &e1),
+            Some(115),
+            "PERFCTR1 aliases CTR1"
+        );
+        assert_eq!(p.rdpmc(1, &e1), Some(115));
+        assert_eq!(p.rdpmc(6, &e1), None, "RDPMC beyond the counters #GPs");
+        assert_eq!(p.rdpmc(1 << 30, &e1), None, "no fixed counters");
+        // Retired branches (C2H) and cycles not in halt (76H).
+        p.write_msr(0xc001_0204, evtsel::EN | evtsel::OS | 0xc2, &e1)
+            .unwrap();
+        p.write_msr(0xc001_0206, evtsel::EN | evtsel::OS | 0x76, &e1)
+            .unwrap();
+        assert!(p.counts_cycles() && p.counts_retired());
+        let e2 = ev(1010, 545);
+        assert_eq!(p.read_msr(0xc001_0205, &e2), Some(10), "kernel branches");
+        assert_eq!(p.read_msr(0xc001_0207, &e2), Some(3 * 40), "cycles");
+        // Intel's event numbers count nothing here.
+        p.write_msr(0xc001_0208, evtsel::EN | evtsel::OS | 0xc4, &e2)
+            .unwrap();
+        assert_eq!(p.read_msr(0xc001_0209, &ev(2000, 2000)), Some(0));
+        // Reserved bits (bits 19, 21, 36+, so HostOnly/GuestOnly) drop.
+        p.write_msr(0xc001_020a, sel | 1 << 41 | 1 << 19 | 0xf << 32, &e2)
+            .unwrap();
+        assert_eq!(
+            p.read_msr(0xc001_020a, &e2),
+            Some(sel | 0xf << 32),
+            "EventSelect[11:8] kept"
+        );
+        assert_eq!(p.read_msr(0xc001_020c, &e2), None, "no 7th counter");
+        // No PerfMonV2: no global registers, no Intel MSRs.
+        for msr in [0xc000_0300, 0xc000_0301, 0x38f, 0xc1, 0x186] {
+            assert_eq!(p.read_msr(msr, &e2), None, "{msr:#x}");
+            assert!(p.write_msr(msr, 0, &e2).is_err(), "{msr:#x}");
+        }
+        // Counters take 48 bits, unsigned.
+        p.write_msr(0xc001_0004, u64::MAX, &e2).unwrap();
+        assert_eq!(p.read_msr(0xc001_0004, &e2), Some(MASK));
+        // Without PerfCtrExtCore: 4 counters, K7 MSRs only.
+        let q = Pmu::new(PmuConfig::amd(false, false, 0));
+        assert_eq!(q.config.gp(), 4);
+        assert_eq!(q.read_msr(0xc001_0200, &e0), None);
+        assert_eq!(q.read_msr(0xc001_0007, &e0), Some(0));
+    }
+
+    #[test]
+    fn amd_perfmon_v2_gates_counting_and_its_status_registers_behave_as_kvm() {
+        let mut p = Pmu::new(PmuConfig::amd(true, true, 6));
+        assert_eq!(p.config.version, 2);
+        let e0 = ev(0, 0);
+        assert_eq!(
+            p.read_msr(0xc000_0301, &e0),
+            Some(0x3f),
+            "GLOBAL_CTL resets enabled"
+        );
+        let sel = evtsel::EN | evtsel::USR | evtsel::OS | evtsel::INT | 0xc0;
+        p.write_msr(0xc001_0200, sel, &e0).unwrap();
+        p.write_msr(0xc001_0201, MASK + 1 - 10, &e0).unwrap();
+        assert_eq!(p.until_overflow(&e0), Some(10));
+        // GLOBAL_CTL stops counter 0 (reserved bits drop, no #GP).
+        p.write_msr(0xc000_0301, 0x3e | 1 << 40, &e0).unwrap();
+        assert_eq!(p.read_msr(0xc000_0301, &e0), Some(0x3e));
+        assert!(!p.counts_retired());
+        assert_eq!(p.read_msr(0xc001_0201, &ev(100, 100)), Some(MASK + 1 - 10));
+        p.write_msr(0xc000_0301, 0x3f, &e0).unwrap();
+        let e1 = ev(8, 4);
+        assert_eq!(p.sync(&e1), 1, "wrapped with INT: a PMI");
+        assert_eq!(p.read_msr(0xc000_0300, &e1), Some(1), "GLOBAL_STATUS");
+        assert!(
+            p.write_msr(0xc000_0300, 0, &e1).is_err(),
+            "GLOBAL_STATUS is read-only"
+        );
+        p.write_msr(0xc000_0303, 0x3e, &e1).unwrap();
+        assert_eq!(
+            p.read_msr(0xc000_0303, &e1),
+            Some(1),
+            "STATUS_SET ignores the guest"
+        );
+        assert_eq!(p.read_msr(0xc000_0302, &e1), Some(0));
+        p.write_msr(0xc000_0302, 1, &e1).unwrap();
+        assert_eq!(p.read_msr(0xc000_0300, &e1), Some(0), "STATUS_CLR clears");
+        // NumCorePmc 2: counters 2+ do not exist.
+        let q = Pmu::new(PmuConfig::amd(true, true, 2));
+        assert_eq!(q.read_msr(0xc001_0204, &e0), None);
+        assert_eq!(q.read_msr(0xc000_0301, &e0), Some(0x3));
+        // A saved AMD PMU loads back.
+        let saved = p.save(&e1);
+        let mut r = Pmu::new(PmuConfig::amd(true, true, 6));
+        r.load(&saved, &e0);
+        assert_eq!(r.save(&e0), saved);
     }
 }

@@ -2,25 +2,26 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu]]... [--smp N]... [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|amd]]... [--smp N]... [--timeout S] [--json]
 //! ```
-//! `,pmu`: x86 guests get an Intel-vendor CPU with `pmu=on` (the
-//! architectural PMU; aarch64 configurations ignore it).
+//! `,pmu=intel`: x86 guests get an Intel-vendor CPU with `pmu=on` (the
+//! architectural PMU); `,pmu=amd`: `-cpu max,pmu=on` (AMD's PMU with
+//! PerfMonV2). Only x86 configurations take it.
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
-//! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
-//! and kvm (which SKIPs with the reason
+//! host thread (overcommit: steal time), rustkvm with the Intel and with
+//! the AMD PMU (x86), and kvm (which SKIPs with the reason
 //! where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
 //! configuration ended in ERROR (a SKIP is not an error).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rustkvm_tests::linux::{self, Config, Outcome};
+use rustkvm_tests::linux::{self, Config, Outcome, PmuModel};
 use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
-    backends: Vec<(Backend, bool, bool)>,
+    backends: Vec<(Backend, bool, PmuModel)>,
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
@@ -50,11 +51,12 @@ fn parse() -> Result<Args, HarnessError> {
                 let name = parts.next().unwrap_or_default();
                 let b = Backend::from_name(name)
                     .ok_or_else(|| usage(format!("unknown backend {v}")))?;
-                let (mut single, mut pmu) = (false, false);
+                let (mut single, mut pmu) = (false, PmuModel::Off);
                 for opt in parts {
                     match opt {
                         "thread=single" => single = true,
-                        "pmu" => pmu = true,
+                        "pmu=intel" => pmu = PmuModel::Intel,
+                        "pmu=amd" => pmu = PmuModel::Amd,
                         _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
                     }
                 }
@@ -80,7 +82,7 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--json" => a.json = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu]]... [--smp N]... [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|amd]]... [--smp N]... [--timeout S] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -91,11 +93,12 @@ fn parse() -> Result<Args, HarnessError> {
     }
     if a.backends.is_empty() {
         a.backends = vec![
-            (Backend::Tcg, false, false),
-            (Backend::Rustkvm, false, false),
-            (Backend::Rustkvm, true, false),
-            (Backend::Rustkvm, false, true),
-            (Backend::Kvm, false, false),
+            (Backend::Tcg, false, PmuModel::Off),
+            (Backend::Rustkvm, false, PmuModel::Off),
+            (Backend::Rustkvm, true, PmuModel::Off),
+            (Backend::Rustkvm, false, PmuModel::Intel),
+            (Backend::Rustkvm, false, PmuModel::Amd),
+            (Backend::Kvm, false, PmuModel::Off),
         ];
     }
     if a.smps.is_empty() {
@@ -115,7 +118,7 @@ fn main() -> ExitCode {
     let mut runs = Vec::new();
     for &arch in &args.arches {
         for &(backend, single_thread, pmu) in &args.backends {
-            if pmu && arch != Arch::X86_64 {
+            if pmu != PmuModel::Off && arch != Arch::X86_64 {
                 continue;
             }
             for &smp in &args.smps {

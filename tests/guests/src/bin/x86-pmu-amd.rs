@@ -1,0 +1,263 @@
+//! rustkvm-test: arch=x86_64 cpu=max,pmu=on compare=off
+//!
+//! The AMD PMU a KVM guest on an AMD host gets with `pmu=on` (AMD APM vol. 2
+//! §13.2; Linux `arch/x86/kvm/svm/pmu.c`, `pmu.c`), counted exactly: the
+//! legacy K7 MSRs and, with PerfCtrExtCore, the interleaved 0xC0010200 ones
+//! aliasing them; retired instructions (C0H) and branches (C2H) of known
+//! code; RDPMC 0..N-1 and #GP beyond; event-select reserved bits (HostOnly,
+//! GuestOnly, ...) dropped, not faulting; with PerfMonV2 the global control
+//! gating counting and the status registers (STATUS read-only, STATUS_SET
+//! ignored, STATUS_CLR clearing); an overflow with INT raises exactly one
+//! PMI through LVTPC (an NMI) right after the instruction that wrapped the
+//! counter, and — unlike Intel — LVTPC stays unmasked. Runs with whatever
+//! the CPU model has (the host test also runs it on `EPYC,pmu=on`: no
+//! PerfMonV2). SKIPs on Intel models and without a PMU.
+#![no_std]
+#![no_main]
+
+use guest::Test;
+
+guest::entry!(main);
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main(t: &mut Test) {
+    t.skip("x86-pmu-amd", "x86_64 only");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod amd {
+    use core::arch::asm;
+    use guest::arch::{self, lapic_reg, nmis, set_lapic_reg, GP_VECTOR};
+    use guest::Test;
+
+    const K7_EVNTSEL0: u32 = 0xc001_0000;
+    const K7_PERFCTR0: u32 = 0xc001_0004;
+    const F15H_CTL0: u32 = 0xc001_0200;
+    const GLOBAL_STATUS: u32 = 0xc000_0300;
+    const GLOBAL_CTL: u32 = 0xc000_0301;
+    const GLOBAL_STATUS_CLR: u32 = 0xc000_0302;
+    const GLOBAL_STATUS_SET: u32 = 0xc000_0303;
+    /// PerfEvtSel: USR, OS, INT, EN; GuestOnly (bit 40, reserved for KVM).
+    const USR: u64 = 1 << 16;
+    const OS: u64 = 1 << 17;
+    const INT: u64 = 1 << 20;
+    const EN: u64 = 1 << 22;
+    const GUEST_ONLY: u64 = 1 << 40;
+    /// Retired instructions, retired branch instructions.
+    const INSNS: u64 = 0xc0;
+    const BRANCHES: u64 = 0xc2;
+    const SVR: u32 = 0xf0;
+    const LVTPC: u32 = 0x340;
+    const LVT_NMI: u32 = 4 << 8;
+    const LVT_MASKED: u32 = 1 << 16;
+
+    fn wr(index: u32, value: u64) {
+        arch::wrmsr(index, value).expect("PMU MSR write");
+    }
+
+    fn rd(index: u32) -> u64 {
+        arch::rdmsr(index).expect("PMU MSR read")
+    }
+
+    /// What the CPU model has.
+    #[derive(Clone, Copy)]
+    struct Pmu {
+        /// PerfCtrExtCore: the 0xC0010200 MSRs, 6 counters.
+        ext: bool,
+        /// PerfMonV2 with this many counters.
+        v2: Option<u32>,
+    }
+
+    impl Pmu {
+        fn counters(self) -> u32 {
+            match (self.v2, self.ext) {
+                (Some(n), _) => n,
+                (None, true) => 6,
+                (None, false) => 4,
+            }
+        }
+        fn ctl(self, i: u32) -> u32 {
+            if self.ext {
+                F15H_CTL0 + 2 * i
+            } else {
+                K7_EVNTSEL0 + i
+            }
+        }
+        fn ctr(self, i: u32) -> u32 {
+            if self.ext {
+                F15H_CTL0 + 2 * i + 1
+            } else {
+                K7_PERFCTR0 + i
+            }
+        }
+        /// The WRMSR that starts counter `i` counting `sel`: GLOBAL_CTL with
+        /// PerfMonV2 (the select already enabled), else its select.
+        fn starter(self, i: u32, sel: u64) -> (u32, u64) {
+            if self.v2.is_some() {
+                wr(GLOBAL_CTL, 0);
+                wr(self.ctl(i), sel);
+                (GLOBAL_CTL, 1 << i)
+            } else {
+                wr(self.ctl(i), 0);
+                (self.ctl(i), sel)
+            }
+        }
+    }
+
+    /// WRMSR `start` (counted), `dec r8; jnz` `n` times, then the 3
+    /// instructions before the WRMSR that writes 0 to `stop.0` (not
+    /// counted): 2n + 5 instructions, n branches.
+    fn counted_loop(start: (u32, u64), stop: u32, n: u64) {
+        // SAFETY: WRMSRs of PMU MSRs at CPL 0 and register arithmetic.
+        unsafe {
+            asm!(
+                "wrmsr",
+                "mov r8, {n}",
+                "2:",
+                "dec r8",
+                "jnz 2b",
+                "mov ecx, {stop:e}",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                n = in(reg) n,
+                stop = in(reg) stop,
+                inout("ecx") start.0 => _,
+                inout("eax") start.1 as u32 => _,
+                inout("edx") (start.1 >> 32) as u32 => _,
+                out("r8") _,
+                options(nostack),
+            );
+        }
+    }
+
+    /// WRMSR `start`, 40 NOPs, WRMSR `stop` = 0; the first NOP's address.
+    fn nop_sled(start: (u32, u64), stop: u32) -> u64 {
+        let sled: u64;
+        // SAFETY: as counted_loop.
+        unsafe {
+            asm!(
+                "lea {sled}, [rip + 5f]",
+                "wrmsr",
+                "5:",
+                ".rept 40",
+                "nop",
+                ".endr",
+                "mov ecx, {stop:e}",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                sled = out(reg) sled,
+                stop = in(reg) stop,
+                inout("ecx") start.0 => _,
+                inout("eax") start.1 as u32 => _,
+                inout("edx") (start.1 >> 32) as u32 => _,
+                options(nostack),
+            );
+        }
+        sled
+    }
+
+    pub fn main(t: &mut Test) {
+        let v = arch::cpuid(0, 0);
+        if &arch::cpuid_string([v[1], v[3], v[2]]) != b"AuthenticAMD" {
+            t.skip("x86-pmu-amd", "not an AMD CPU model");
+            return;
+        }
+        let ext_max = arch::cpuid(0x8000_0000, 0)[0];
+        let ext = arch::cpuid(0x8000_0001, 0)[2] & (1 << 23) != 0;
+        let v2 = (ext_max >= 0x8000_0022 && arch::cpuid(0x8000_0022, 0)[0] & 1 != 0)
+            .then(|| arch::cpuid(0x8000_0022, 0)[1] & 0xf);
+        let pmu = Pmu { ext, v2 };
+        // The legacy select reads back what was written: a PMU is there
+        // (with pmu=off KVM reads these as 0 and ignores writes).
+        let _ = arch::wrmsr(K7_EVNTSEL0, 0x76);
+        if arch::rdmsr(K7_EVNTSEL0) != Ok(0x76) {
+            t.skip("x86-pmu-amd", "the K7 event selects read 0: no PMU");
+            return;
+        }
+        wr(K7_EVNTSEL0, 0);
+        t.measure("cpuid.0x80000000.eax", format_args!("{ext_max:#x}"));
+        t.measure("perfctr-core", format_args!("{ext}"));
+        t.measure("perfmon-v2.counters", format_args!("{v2:?}"));
+        let n = pmu.counters();
+        if let Some(c) = v2 {
+            t.eq("global-ctl.reset", rd(GLOBAL_CTL), (1 << c) - 1);
+        }
+
+        // Exact counts, on counter 1 (instructions) and 2 (branches).
+        for iters in [1u64, 1000, 100_000] {
+            for (i, event, want) in [(1, INSNS, 2 * iters + 5), (2, BRANCHES, iters)] {
+                let sel = EN | OS | USR | event;
+                let start = pmu.starter(i, sel);
+                wr(pmu.ctr(i), 0);
+                counted_loop(start, start.0, iters);
+                t.eq(
+                    "loop.count",
+                    (iters, event, rd(pmu.ctr(i))),
+                    (iters, event, want),
+                );
+            }
+        }
+        // The K7 MSRs alias counters 0-3; RDPMC reads counters 0..N-1.
+        wr(pmu.ctr(1), 0x1234_5678_9abc);
+        t.eq("k7-alias.counter", rd(K7_PERFCTR0 + 1), 0x1234_5678_9abc);
+        t.eq("k7-alias.select", rd(K7_EVNTSEL0 + 1), rd(pmu.ctl(1)));
+        t.eq("rdpmc.1", arch::rdpmc(1), Ok(0x1234_5678_9abc));
+        t.check(
+            "rdpmc.beyond-gp",
+            matches!(arch::rdpmc(n), Err(f) if f.vector == GP_VECTOR),
+            format_args!("RDPMC {n}"),
+        );
+        // Reserved select bits (GuestOnly here) are dropped, not a #GP.
+        t.eq(
+            "select.reserved-dropped",
+            arch::wrmsr(pmu.ctl(0), EN | GUEST_ONLY | INSNS),
+            Ok(()),
+        );
+        t.eq("select.reads-back", rd(pmu.ctl(0)), EN | INSNS);
+        wr(pmu.ctl(0), 0);
+
+        if v2.is_some() {
+            // GLOBAL_CTL gates: counter 1 enabled in its select but not
+            // globally counts nothing.
+            wr(GLOBAL_CTL, 0);
+            wr(pmu.ctl(1), EN | OS | USR | INSNS);
+            wr(pmu.ctr(1), 0);
+            counted_loop((GLOBAL_CTL, 1 << 2), GLOBAL_CTL, 100);
+            t.eq("global-ctl.gates", rd(pmu.ctr(1)), 0);
+            t.check(
+                "global-status.read-only",
+                matches!(arch::wrmsr(GLOBAL_STATUS, 1), Err(f) if f.vector == GP_VECTOR),
+                format_args!(""),
+            );
+            wr(GLOBAL_STATUS_SET, 1);
+            t.eq("global-status-set.ignored", rd(GLOBAL_STATUS), 0);
+        }
+
+        // Overflow: counter 0 (instructions, INT) wraps on the 10th
+        // instruction after the start: the start WRMSR and 9 NOPs; the NMI
+        // interrupts the 10th NOP, and LVTPC stays unmasked.
+        set_lapic_reg(SVR, 0x1ff);
+        set_lapic_reg(LVTPC, LVT_NMI);
+        let (n0, _) = nmis();
+        let start = pmu.starter(0, EN | OS | USR | INT | INSNS);
+        wr(pmu.ctr(0), (1 << 48) - 10);
+        let sled = nop_sled(start, start.0);
+        let (n1, rip) = nmis();
+        t.eq("pmi.count", n1 - n0, 1);
+        t.eq("pmi.zero-skid", rip.wrapping_sub(sled), 9);
+        t.eq("pmi.lvtpc-unmasked", lapic_reg(LVTPC) & LVT_MASKED, 0);
+        if v2.is_some() {
+            t.eq("pmi.global-status", rd(GLOBAL_STATUS), 1);
+            wr(GLOBAL_STATUS_CLR, 1);
+            t.eq("global-status-clr.clears", rd(GLOBAL_STATUS), 0);
+        }
+        wr(pmu.ctl(0), 0);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main(t: &mut Test) {
+    amd::main(t);
+}
