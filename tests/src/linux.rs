@@ -45,25 +45,26 @@ pub struct Config {
     pub pmu: PmuModel,
 }
 
-/// x86: the CPU model's PMU.
+/// x86: the CPU model, for its PMU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PmuModel {
-    /// The default CPU (`max`, an AMD model under TCG) without `pmu=on`.
+    /// `-cpu max` (an AMD model under TCG, `pmu=on` by default like under
+    /// KVM): under rustkvm AMD's PMU with PerfCtrExtCore and PerfMonV2.
     #[default]
-    Off,
+    Default,
     /// `-cpu max,vendor=GenuineIntel,pmu=on`: Intel's architectural PMU.
     Intel,
-    /// `-cpu max,pmu=on`: AMD's PMU with PerfCtrExtCore and PerfMonV2.
-    Amd,
+    /// `-cpu EPYC,pmu=on`: AMD's four legacy counters only.
+    Epyc,
 }
 
 impl PmuModel {
     /// Its name in labels and on the command line.
     pub fn name(self) -> &'static str {
         match self {
-            PmuModel::Off => "off",
+            PmuModel::Default => "default",
             PmuModel::Intel => "intel",
-            PmuModel::Amd => "amd",
+            PmuModel::Epyc => "epyc",
         }
     }
 }
@@ -77,7 +78,7 @@ impl Config {
             ""
         };
         let pmu = match self.pmu {
-            PmuModel::Off => String::new(),
+            PmuModel::Default => String::new(),
             m => format!(",pmu={}", m.name()),
         };
         format!(
@@ -166,14 +167,14 @@ pub fn command_args(
 ) -> Vec<String> {
     let (machine, cpu, console) = match (config.arch, config.backend) {
         // -arch-capabilities: QEMU aborts on MSR 0x10a with kvm_pvm otherwise.
-        (Arch::X86_64, Backend::Kvm) if config.pmu != PmuModel::Off => {
+        (Arch::X86_64, Backend::Kvm) if config.pmu != PmuModel::Default => {
             ("pc", "host,-arch-capabilities,pmu=on", "ttyS0")
         }
         (Arch::X86_64, Backend::Kvm) => ("pc", "host,-arch-capabilities", "ttyS0"),
         (Arch::X86_64, _) if config.pmu == PmuModel::Intel => {
             ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
         }
-        (Arch::X86_64, _) if config.pmu == PmuModel::Amd => ("pc", "max,pmu=on", "ttyS0"),
+        (Arch::X86_64, _) if config.pmu == PmuModel::Epyc => ("pc", "EPYC,pmu=on", "ttyS0"),
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
@@ -638,7 +639,7 @@ mod tests {
                 smp: 2,
                 single_thread: false,
                 soak_s: 0,
-                pmu: PmuModel::Off,
+                pmu: PmuModel::Default,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -733,7 +734,7 @@ mod tests {
             smp: 1,
             single_thread: false,
             soak_s: 0,
-            pmu: PmuModel::Off,
+            pmu: PmuModel::Default,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -746,7 +747,7 @@ mod tests {
             smp: 2,
             single_thread: true,
             soak_s: 0,
-            pmu: PmuModel::Off,
+            pmu: PmuModel::Default,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(
@@ -768,11 +769,11 @@ mod tests {
         );
         assert_eq!(c.label(), "x86_64/rustkvm,thread=single,pmu=intel/smp2");
         let c = Config {
-            pmu: PmuModel::Amd,
+            pmu: PmuModel::Epyc,
             ..c
         };
         assert!(command_args(c, k, k)
             .join(" ")
-            .contains("-cpu max,pmu=on -accel"));
+            .contains("-cpu EPYC,pmu=on -accel"));
     }
 }

@@ -648,6 +648,9 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
             r.outcome.serial
         );
     }
+    // Eight vCPUs with their own PMUs: never backwards, exact each.
+    let smp = run_one("x86-pmu-smp", Arch::X86_64, Variant::Default);
+    assert_eq!(smp.outcome.status, Status::Pass, "{}", smp.outcome.serial);
     let tcg = run::run(
         &find_test("x86-pmu"),
         Arch::X86_64,

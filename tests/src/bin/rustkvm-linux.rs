@@ -2,14 +2,15 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|amd]]... [--smp N]... [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--json]
 //! ```
-//! `,pmu=intel`: x86 guests get an Intel-vendor CPU with `pmu=on` (the
-//! architectural PMU); `,pmu=amd`: `-cpu max,pmu=on` (AMD's PMU with
-//! PerfMonV2). Only x86 configurations take it.
+//! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
+//! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
+//! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters). Only x86
+//! configurations take it.
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
-//! host thread (overcommit: steal time), rustkvm with the Intel and with
-//! the AMD PMU (x86), and kvm (which SKIPs with the reason
+//! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
+//! and kvm (which SKIPs with the reason
 //! where it cannot run Linux here); 2 vCPUs. Exit status 1 if any
 //! configuration ended in ERROR (a SKIP is not an error).
 
@@ -51,12 +52,12 @@ fn parse() -> Result<Args, HarnessError> {
                 let name = parts.next().unwrap_or_default();
                 let b = Backend::from_name(name)
                     .ok_or_else(|| usage(format!("unknown backend {v}")))?;
-                let (mut single, mut pmu) = (false, PmuModel::Off);
+                let (mut single, mut pmu) = (false, PmuModel::Default);
                 for opt in parts {
                     match opt {
                         "thread=single" => single = true,
                         "pmu=intel" => pmu = PmuModel::Intel,
-                        "pmu=amd" => pmu = PmuModel::Amd,
+                        "pmu=epyc" => pmu = PmuModel::Epyc,
                         _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
                     }
                 }
@@ -82,7 +83,7 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--json" => a.json = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|amd]]... [--smp N]... [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -93,12 +94,11 @@ fn parse() -> Result<Args, HarnessError> {
     }
     if a.backends.is_empty() {
         a.backends = vec![
-            (Backend::Tcg, false, PmuModel::Off),
-            (Backend::Rustkvm, false, PmuModel::Off),
-            (Backend::Rustkvm, true, PmuModel::Off),
+            (Backend::Tcg, false, PmuModel::Default),
+            (Backend::Rustkvm, false, PmuModel::Default),
+            (Backend::Rustkvm, true, PmuModel::Default),
             (Backend::Rustkvm, false, PmuModel::Intel),
-            (Backend::Rustkvm, false, PmuModel::Amd),
-            (Backend::Kvm, false, PmuModel::Off),
+            (Backend::Kvm, false, PmuModel::Default),
         ];
     }
     if a.smps.is_empty() {
@@ -118,7 +118,7 @@ fn main() -> ExitCode {
     let mut runs = Vec::new();
     for &arch in &args.arches {
         for &(backend, single_thread, pmu) in &args.backends {
-            if pmu != PmuModel::Off && arch != Arch::X86_64 {
+            if pmu != PmuModel::Default && arch != Arch::X86_64 {
                 continue;
             }
             for &smp in &args.smps {

@@ -554,14 +554,23 @@ const AP_TRAMPOLINE: u64 = 0x8000;
 
 /// What the application processor runs (set by [`start_ap`]).
 static mut AP_WORK: Option<fn()> = None;
-/// The AP's stack.
-static mut AP_STACK: [u128; 2048] = [0; 2048];
+/// Most application processors [`start_ap`] can start (one stack each).
+pub const MAX_APS: usize = 7;
+/// The APs' stacks, one per AP started, 32 KiB each.
+static mut AP_STACKS: [[u128; 2048]; MAX_APS] = [[0; 2048]; MAX_APS];
+/// APs that reached Rust code (the next start_ap may reuse the globals).
+static mut AP_STARTED: u64 = 0;
 
 #[no_mangle]
 extern "C" fn guest_ap_main() -> ! {
     load_idt();
     // SAFETY: written by start_ap before the SIPI.
     let work = unsafe { (&raw const AP_WORK).read_volatile() };
+    // SAFETY: start_ap waits for this before it starts another AP.
+    unsafe {
+        let n = (&raw const AP_STARTED).read_volatile();
+        (&raw mut AP_STARTED).write_volatile(n + 1);
+    }
     if let Some(work) = work {
         work();
     }
@@ -600,16 +609,24 @@ fn lapic_icr_idle() -> bool {
 }
 
 /// Start the application processor with APIC ID `apic_id` (INIT, SIPI,
-/// SIPI as the MP specification describes) running `work`, then halting.
+/// SIPI as the MP specification describes) running `work`, then halting;
+/// returns once it runs Rust code. Up to [`MAX_APS`] APs, one at a time.
 pub fn start_ap(apic_id: u8, work: fn()) {
+    // SAFETY: reading the counter only the APs write, once each.
+    let started = unsafe { (&raw const AP_STARTED).read_volatile() };
+    assert!((started as usize) < MAX_APS, "start_ap: out of AP stacks");
     // SAFETY: copying our own start-up code below 1 MiB (free RAM after the
-    // firmware handed over), setting globals the AP reads once it runs.
+    // firmware handed over), setting globals the AP reads once it runs (no
+    // other AP is starting: the previous one reached guest_ap_main).
     unsafe {
         let start = &raw const guest_ap_tramp_start;
         let len = (&raw const guest_ap_tramp_end) as usize - start as usize;
         core::ptr::copy_nonoverlapping(start, AP_TRAMPOLINE as *mut u8, len);
         (&raw mut AP_WORK).write_volatile(Some(work));
-        let top = (&raw mut AP_STACK) as u64 + core::mem::size_of::<[u128; 2048]>() as u64;
+        let stack = (&raw mut AP_STACKS)
+            .cast::<[u128; 2048]>()
+            .add(started as usize);
+        let top = stack as u64 + core::mem::size_of::<[u128; 2048]>() as u64;
         (&raw mut guest_ap_stack_top).write_volatile(top);
     }
     let dest = u32::from(apic_id) << 24;
@@ -620,6 +637,15 @@ pub fn start_ap(apic_id: u8, work: fn()) {
         lapic_write(LAPIC_ICR_HI, dest);
         lapic_write(LAPIC_ICR_LO, 0x0000_4600 | (AP_TRAMPOLINE >> 12) as u32); // SIPI
         while !lapic_icr_idle() {}
+    }
+    // Wait (bounded: an AP that never starts must not hang the test) until
+    // it left the start-up code and its stack pointer global.
+    for _ in 0..1_000_000_000u64 {
+        // SAFETY: a counter the APs increment.
+        if unsafe { (&raw const AP_STARTED).read_volatile() } > started {
+            break;
+        }
+        core::hint::spin_loop();
     }
 }
 

@@ -418,6 +418,21 @@ mod pmu {
         t.eq("pmi.masked.count", nmis().0 - n0, 0);
         t.eq("pmi.masked.status", rd(GLOBAL_STATUS), 1);
         wr(GLOBAL_CTRL, 0);
+
+        // Hostile: a period of 1 on an instruction and a branch counter at
+        // once (every instruction could overflow something). The first PMI
+        // masks LVTPC, so exactly one NMI arrives, and nothing hangs.
+        let (n0, _) = nmis();
+        arm_pmi(0, INSNS, 1);
+        wr(EVTSEL0 + 1, EN | OS | USR | INT | BRANCHES);
+        wr(PMC0 + 1, 1u64.wrapping_neg() & 0xffff_ffff);
+        set_lapic_reg(LVTPC, LVT_NMI);
+        branch_loop(0b11, 1000);
+        t.eq("storm.one-nmi", nmis().0 - n0, 1);
+        t.eq("storm.status", rd(GLOBAL_STATUS), 0b11);
+        wr(GLOBAL_OVF_CTRL, 0b11);
+        wr(EVTSEL0, 0);
+        wr(EVTSEL0 + 1, 0);
     }
 }
 
