@@ -48,18 +48,18 @@ _start32:
 
     /* PML4[0] -> PDPT; PDPT[0..4] -> PD0..PD3; PDs: 2048 x 2 MiB pages = 4 GiB */
     mov $guest_pdpt, %eax
-    or $3, %eax
+    or $7, %eax             /* present, writable, user */
     mov %eax, guest_pml4
     mov $guest_pdpt, %edi
     mov $guest_pd, %eax
-    or $3, %eax
+    or $7, %eax
     mov $4, %ecx
 1:  mov %eax, (%edi)
     add $4096, %eax
     add $8, %edi
     loop 1b
     mov $guest_pd, %edi
-    mov $0x83, %eax
+    mov $0x87, %eax         /* 2 MiB, present, writable, user (ring-3 tests) */
     mov $2048, %ecx
 2:  mov %eax, (%edi)
     add $0x200000, %eax
@@ -207,15 +207,63 @@ guest_isr_table:
     .irp n, 3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
     .quad guest_isr\n
     .endr
+guest_gdt_ptr:
+    .word guest_gdt_end - guest_gdt - 1
+    .quad guest_gdt
+
+    /*
+     * Ring 3 for a call (guest_call_user): enter with IRETQ on the user
+     * stack, come back with SYSCALL (LSTAR = guest_syscall_entry), which
+     * returns from guest_call_user on the saved kernel stack.
+     */
+    .text
+    .global guest_call_user
+guest_call_user:
+    push %rbp
+    push %rbx
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    mov %rsp, guest_user_ret_rsp(%rip)
+    lea guest_user_stack_top(%rip), %rax
+    pushq $0x23             /* SS: user data */
+    push %rax               /* RSP */
+    pushfq
+    pushq $0x2b             /* CS: user 64-bit code */
+    lea guest_user_entry(%rip), %rax
+    push %rax
+    iretq
+guest_user_entry:
+    call *%rdi
+    syscall
+    .global guest_syscall_entry
+guest_syscall_entry:
+    mov guest_user_ret_rsp(%rip), %rsp
+    mov $0x10, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %rbx
+    pop %rbp
+    ret
+
+    .section .data
+    .p2align 3
 guest_gdt:
     .quad 0
     .quad 0x00af9a000000ffff    /* 0x08: 64-bit code */
     .quad 0x00cf92000000ffff    /* 0x10: data */
     .quad 0x00cf9a000000ffff    /* 0x18: 32-bit code (AP start-up) */
+    .quad 0x00cff2000000ffff    /* 0x20: user data (DPL 3) */
+    .quad 0x00affa000000ffff    /* 0x28: user 64-bit code (DPL 3) */
+    .quad 0, 0                  /* 0x30: the BSP's TSS (guest_init_idt) */
 guest_gdt_end:
-guest_gdt_ptr:
-    .word guest_gdt_end - guest_gdt - 1
-    .quad guest_gdt
+    .global guest_gdt
+guest_user_ret_rsp: .quad 0
 
     .section .data
     .p2align 3
@@ -236,6 +284,16 @@ guest_pdpt: .skip 4096
 guest_pd:   .skip 4 * 4096
 guest_idt:  .skip 32 * 16
     .p2align 4
+    .global guest_tss
+guest_tss:  .skip 104
+    .p2align 4
+    .skip 16 * 1024
+    .global guest_tss_stack_top
+guest_tss_stack_top:
+    .skip 16 * 1024
+    .global guest_user_stack_top
+guest_user_stack_top:
+    .p2align 4
     .skip 64 * 1024
 __stack_top:
     .global guest_idt
@@ -253,6 +311,53 @@ extern "C" {
     static mut guest_fault_error: u64;
     static mut guest_nmi_count: u64;
     static mut guest_nmi_rip: u64;
+    static mut guest_gdt: [u64; 8];
+    static mut guest_tss: [u8; 104];
+    static guest_tss_stack_top: u8;
+    static guest_syscall_entry: u8;
+    fn guest_call_user(f: extern "C" fn());
+}
+
+/// Run `f` at CPL 3 (on its own stack; it may use `catch!`-style helpers,
+/// whose faults come back to it) and return to CPL 0 when it returns.
+/// Only on the boot CPU (the only one with a TSS).
+pub fn call_user(f: extern "C" fn()) {
+    /// IA32_EFER, IA32_STAR, IA32_LSTAR, IA32_FMASK (SDM vol. 3 §5.8.8).
+    const EFER: u32 = 0xc000_0080;
+    const STAR: u32 = 0xc000_0081;
+    const LSTAR: u32 = 0xc000_0082;
+    const FMASK: u32 = 0xc000_0084;
+    let efer = rdmsr(EFER).unwrap_or(0);
+    let _ = wrmsr(EFER, efer | 1); // SCE
+    let _ = wrmsr(STAR, 0x08 << 32); // SYSCALL: CS 0x08, SS 0x10
+    let _ = wrmsr(LSTAR, (&raw const guest_syscall_entry) as u64);
+    let _ = wrmsr(FMASK, 0);
+    // SAFETY: the routine saves the callee-saved registers, runs `f` at CPL 3
+    // on the user stack and comes back through SYSCALL to the saved stack.
+    unsafe { guest_call_user(f) }
+}
+
+/// The boot CPU's TSS: RSP0 for interrupts and exceptions from CPL 3.
+fn load_tss() {
+    // SAFETY: boot CPU, once, before anything runs at CPL 3; the GDT slot
+    // 0x30 is reserved for this descriptor.
+    unsafe {
+        let tss = (&raw mut guest_tss).cast::<u8>();
+        let rsp0 = (&raw const guest_tss_stack_top) as u64;
+        core::ptr::write_unaligned(tss.add(4).cast::<u64>(), rsp0);
+        core::ptr::write_unaligned(tss.add(102).cast::<u16>(), 104); // no I/O bitmap
+        let base = tss as u64;
+        let limit = 103u64;
+        let low = (limit & 0xffff)
+            | (base & 0xff_ffff) << 16
+            | 0x89 << 40 // present, available 64-bit TSS
+            | ((limit >> 16) & 0xf) << 48
+            | ((base >> 24) & 0xff) << 56;
+        let gdt = &raw mut guest_gdt;
+        (*gdt)[6] = low;
+        (*gdt)[7] = base >> 32;
+        asm!("ltr {0:x}", in(reg) 0x30u16, options(nostack));
+    }
 }
 
 /// NMIs taken so far, and the RIP the last one interrupted.
@@ -303,6 +408,7 @@ extern "C" fn guest_init_idt() {
         }
     }
     load_idt();
+    load_tss();
 }
 
 /// An exception caught while executing an instruction under [`catch`].

@@ -175,6 +175,41 @@ mod pmu {
 
     static mut BUF: [u8; 80_000] = [0; 80_000];
 
+    /// What the CPL-3 code below saw.
+    static mut USER_RDPMC: Result<u64, arch::Fault> = Ok(0);
+
+    /// At CPL 3: RDPMC of GP counter 0.
+    extern "C" fn user_rdpmc() {
+        let r = arch::rdpmc(0);
+        // SAFETY: one vCPU; read after call_user returns.
+        unsafe { (&raw mut USER_RDPMC).write_volatile(r) };
+    }
+
+    /// At CPL 3: `dec r8; jnz` 10 000 times.
+    extern "C" fn user_loop() {
+        // SAFETY: register arithmetic.
+        unsafe {
+            asm!(
+                "mov r8, 10000",
+                "2:",
+                "dec r8",
+                "jnz 2b",
+                out("r8") _,
+                options(nostack, nomem),
+            );
+        }
+    }
+
+    fn set_cr4_pce(on: bool) {
+        // SAFETY: CR4.PCE (bit 8) only gates RDPMC at CPL > 0.
+        unsafe {
+            let mut cr4: u64;
+            asm!("mov {}, cr4", out(reg) cr4, options(nostack, nomem));
+            cr4 = if on { cr4 | 1 << 8 } else { cr4 & !(1 << 8) };
+            asm!("mov cr4, {}", in(reg) cr4, options(nostack, nomem));
+        }
+    }
+
     /// Enable, `rep stosb` of `len` bytes, disable: 6 instructions counted.
     fn rep_stosb(len: u64) {
         // SAFETY: stores stay inside BUF (len <= its size).
@@ -418,6 +453,39 @@ mod pmu {
         t.eq("pmi.masked.count", nmis().0 - n0, 0);
         t.eq("pmi.masked.status", rd(GLOBAL_STATUS), 1);
         wr(GLOBAL_CTRL, 0);
+
+        // CPL 3. USR counts the user loop's 20 000 instructions and only a
+        // few around it (the call, the return, SYSCALL); OS counts the
+        // kernel side of the round trip (MSR setup, IRETQ: about 100) but
+        // none of the loop.
+        program(USR);
+        wr(EVTSEL0 + 1, EN | OS | INSNS);
+        wr(GLOBAL_CTRL, 0b11);
+        arch::call_user(user_loop);
+        wr(GLOBAL_CTRL, 0);
+        let (usr, os) = (rd(PMC0), rd(PMC0 + 1));
+        t.check(
+            "cpl3.usr-counts-the-user-loop",
+            (20_000..20_010).contains(&usr),
+            format_args!("USR {usr}"),
+        );
+        t.check("cpl3.os-does-not", os < 1000, format_args!("OS {os}"));
+        // RDPMC at CPL 3: #GP unless CR4.PCE (SDM; KVM the same).
+        set_cr4_pce(false);
+        arch::call_user(user_rdpmc);
+        // SAFETY: written by user_rdpmc, which has returned.
+        let r = unsafe { (&raw const USER_RDPMC).read_volatile() };
+        t.check(
+            "cpl3.rdpmc-without-pce-gp",
+            matches!(r, Err(f) if f.vector == arch::GP_VECTOR),
+            format_args!("{r:?}"),
+        );
+        set_cr4_pce(true);
+        arch::call_user(user_rdpmc);
+        // SAFETY: as above.
+        let r = unsafe { (&raw const USER_RDPMC).read_volatile() };
+        t.eq("cpl3.rdpmc-with-pce", r, Ok(usr));
+        set_cr4_pce(false);
 
         // Hostile: a period of 1 on an instruction and a branch counter at
         // once (every instruction could overflow something). The first PMI
