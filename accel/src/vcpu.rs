@@ -461,13 +461,13 @@ impl Vcpu {
             return None;
         }
         Some(self.local(|l| {
-            if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) {
-                return Route::Handled(0);
-            }
             let ev = l.events(&self.shared, l.pmu.counts_cycles());
-            l.pmu
-                .read_msr(index, &ev)
-                .map_or(Route::Fault, Route::Handled)
+            match l.pmu.read_msr(index, &ev) {
+                Some(v) => Route::Handled(v),
+                // Not this PMU's: KVM still reads the legacy ones as 0.
+                None if pmu::kvm_reads_as_zero(index) => Route::Handled(0),
+                None => Route::Fault,
+            }
         }))
     }
 
@@ -477,15 +477,16 @@ impl Vcpu {
             return None;
         }
         Some(self.local(|l| {
-            if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) {
-                return Route::Handled(());
-            }
             // The clock only if a cycle counter counts or may start to.
             let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
             let ev = l.events(&self.shared, cycles);
             match l.pmu.write_msr(index, value, &ev) {
                 Ok(pmi) => {
                     l.publish(&self.shared, &ev, pmi, &self.routes);
+                    Route::Handled(())
+                }
+                // Not this PMU's: KVM still ignores writes to the legacy ones.
+                Err(_) if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) => {
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
