@@ -1,0 +1,974 @@
+//! arm64 PMUv3 as KVM gives it to a guest: the PMU system registers with
+//! their EL0 access rules, event counters and the cycle counter computed
+//! lazily from per-vCPU event totals, SW_INCR and CHAIN in software, and
+//! the level of the overflow interrupt.
+//!
+//! Spec: Arm ARM D12 (PMUv3) and the registers' descriptions; Linux
+//! `arch/arm64/kvm/pmu-emul.c` (`kvm_pmu_handle_pmcr`,
+//! `kvm_pmu_software_increment`, `kvm_pmu_counter_can_chain`,
+//! `kvm_pmu_overflow_status`, `kvm_pmu_evtyper_mask`, `compute_pmceid0`),
+//! `arch/arm64/kvm/sys_regs.c` (`access_pmcr`, `access_pmselr`,
+//! `access_pmu_evcntr`, `access_pmuserenr`, `check_pmu_access_disabled`,
+//! `pmu_counter_idx_valid`, `reset_pmu_reg`), `include/linux/perf/arm_pmuv3.h`.
+//!
+//! Counting model, as for the x86 PMU (`x86::pmu`): the accelerator keeps
+//! monotonic per-vCPU totals ([`Events`]: instructions and branches retired
+//! and memory accesses, at EL0 and at EL1; unhalted cycles); a counter
+//! stores its value at the last sync and the selected event's total then.
+//! Where this follows current KVM rather than older releases (the overflow
+//! interrupt without PMCNTENSET, software CHAIN), the function says so.
+//!
+//! Status: the model is complete for the register interface and
+//! unit-tested; the TCG counting engine for AArch64 and the interrupt are
+//! the next step (issue 7), so the accelerator does not use it yet.
+
+use thiserror::Error;
+
+/// PMCR_EL0 bits (arm_pmuv3.h `ARMV8_PMU_PMCR_*`).
+pub mod pmcr {
+    /// Enable.
+    pub const E: u64 = 1 << 0;
+    /// Event counter reset (write-only action, reads 0).
+    pub const P: u64 = 1 << 1;
+    /// Cycle counter reset (write-only action, reads 0).
+    pub const C: u64 = 1 << 2;
+    /// Clock divider (stored, no effect: KVM does not act on it either).
+    pub const D: u64 = 1 << 3;
+    /// Export enable (stored, no effect).
+    pub const X: u64 = 1 << 4;
+    /// Disable cycle counter when prohibited (stored, no effect).
+    pub const DP: u64 = 1 << 5;
+    /// Cycle counter overflows at 64 bits.
+    pub const LC: u64 = 1 << 6;
+    /// Event counters overflow at 64 bits (PMUv3p5).
+    pub const LP: u64 = 1 << 7;
+    /// The guest-writable bits.
+    pub const MASK: u64 = 0xff;
+    /// Number of event counters, bits 15:11.
+    pub const N_SHIFT: u32 = 11;
+}
+
+/// PMEVTYPER<n>_EL0 / PMCCFILTR_EL0 bits.
+pub mod evtyper {
+    /// Do not count at EL1.
+    pub const P: u64 = 1 << 31;
+    /// Do not count at EL0.
+    pub const U: u64 = 1 << 30;
+    /// evtCount (PMUv3p1 and later: 16 bits).
+    pub const EVENT: u64 = 0xffff;
+    /// What a KVM guest without EL2 or EL3 can write (`kvm_pmu_evtyper_mask`).
+    pub const MASK: u64 = P | U | EVENT;
+}
+
+/// PMUSERENR_EL0 bits.
+pub mod userenr {
+    /// EL0 access to everything.
+    pub const EN: u64 = 1 << 0;
+    /// EL0 writes to PMSWINC.
+    pub const SW: u64 = 1 << 1;
+    /// EL0 reads of the cycle counter.
+    pub const CR: u64 = 1 << 2;
+    /// EL0 reads of the event counters (and PMSELR).
+    pub const ER: u64 = 1 << 3;
+    /// All of them.
+    pub const MASK: u64 = 0xf;
+}
+
+/// Architectural event numbers (Arm ARM, "Common event numbers").
+pub mod event {
+    /// Software increment (PMSWINC).
+    pub const SW_INCR: u16 = 0x00;
+    /// Instruction architecturally executed.
+    pub const INST_RETIRED: u16 = 0x08;
+    /// Cycle.
+    pub const CPU_CYCLES: u16 = 0x11;
+    /// Data memory access.
+    pub const MEM_ACCESS: u16 = 0x13;
+    /// Instruction speculatively executed (TCG does not speculate: retired).
+    pub const INST_SPEC: u16 = 0x1b;
+    /// Chain: counts overflows of the even counter below.
+    pub const CHAIN: u16 = 0x1e;
+    /// Branch instruction architecturally executed.
+    pub const BR_RETIRED: u16 = 0x21;
+}
+
+/// Index of the cycle counter in the enable/overflow/interrupt registers.
+pub const CYCLE_IDX: usize = 31;
+/// Most event counters PMUv3 has.
+pub const MAX_COUNTERS: usize = 31;
+/// KVM's "UNKNOWN" reset pattern (`reset_unknown` in sys_regs.h), masked
+/// per register: a KVM guest sees these values before it programs the PMU.
+pub const RESET_UNKNOWN: u64 = 0x1de7_ec7e_dbad_c0de;
+
+/// A PMU system register, decoded from its `sys_reg()` encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PmuReg {
+    /// PMCR_EL0.
+    Pmcr,
+    /// PMCNTENSET_EL0.
+    CntenSet,
+    /// PMCNTENCLR_EL0.
+    CntenClr,
+    /// PMOVSCLR_EL0.
+    OvsClr,
+    /// PMSWINC_EL0 (write-only).
+    Swinc,
+    /// PMSELR_EL0.
+    Selr,
+    /// PMCEID0_EL0 / PMCEID1_EL0 (read-only).
+    Ceid(u8),
+    /// PMCCNTR_EL0.
+    Ccntr,
+    /// PMXEVTYPER_EL0.
+    Xevtyper,
+    /// PMXEVCNTR_EL0.
+    Xevcntr,
+    /// PMUSERENR_EL0.
+    Userenr,
+    /// PMINTENSET_EL1.
+    IntenSet,
+    /// PMINTENCLR_EL1.
+    IntenClr,
+    /// PMOVSSET_EL0.
+    OvsSet,
+    /// PMEVCNTR<n>_EL0.
+    Evcntr(u8),
+    /// PMEVTYPER<n>_EL0 (n = 31: PMCCFILTR_EL0).
+    Evtyper(u8),
+}
+
+impl PmuReg {
+    /// Decode KVM's `sys_reg(op0, op1, crn, crm, op2)` encoding:
+    /// op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2.
+    pub fn decode(encoding: u32) -> Option<PmuReg> {
+        let (op0, op1, crn, crm, op2) = (
+            encoding >> 14 & 3,
+            encoding >> 11 & 7,
+            encoding >> 7 & 15,
+            encoding >> 3 & 15,
+            (encoding & 7) as u8,
+        );
+        if op0 != 3 {
+            return None;
+        }
+        Some(match (op1, crn, crm, op2) {
+            (3, 9, 12, 0) => PmuReg::Pmcr,
+            (3, 9, 12, 1) => PmuReg::CntenSet,
+            (3, 9, 12, 2) => PmuReg::CntenClr,
+            (3, 9, 12, 3) => PmuReg::OvsClr,
+            (3, 9, 12, 4) => PmuReg::Swinc,
+            (3, 9, 12, 5) => PmuReg::Selr,
+            (3, 9, 12, 6) => PmuReg::Ceid(0),
+            (3, 9, 12, 7) => PmuReg::Ceid(1),
+            (3, 9, 13, 0) => PmuReg::Ccntr,
+            (3, 9, 13, 1) => PmuReg::Xevtyper,
+            (3, 9, 13, 2) => PmuReg::Xevcntr,
+            (3, 9, 14, 0) => PmuReg::Userenr,
+            (0, 9, 14, 1) => PmuReg::IntenSet,
+            (0, 9, 14, 2) => PmuReg::IntenClr,
+            (3, 9, 14, 3) => PmuReg::OvsSet,
+            (3, 14, 8..=11, n) => PmuReg::Evcntr(((crm as u8 - 8) << 3) | n),
+            (3, 14, 12..=15, n) => PmuReg::Evtyper(((crm as u8 - 12) << 3) | n),
+            _ => return None,
+        })
+    }
+}
+
+/// Why an access is UNDEFINED for the guest (KVM injects UNDEF).
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum PmuError {
+    /// EL0 access that PMUSERENR_EL0 does not allow.
+    #[error("EL0 access to {0:?} not enabled by PMUSERENR_EL0")]
+    El0Disabled(PmuReg),
+    /// A counter the PMU does not have (PMSELR.SEL or n ≥ PMCR.N, not 31).
+    #[error("counter {0} does not exist")]
+    NoSuchCounter(u8),
+    /// A read of a write-only register or a write of a read-only one.
+    #[error("{0:?} cannot be accessed that way")]
+    Direction(PmuReg),
+    /// The vCPU has no PMU (all PMU registers are hidden).
+    #[error("no PMU")]
+    NoPmu,
+}
+
+/// Monotonic per-vCPU event totals the accelerator maintains; index 0 is
+/// EL0, index 1 is EL1.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Events {
+    /// Instructions architecturally executed.
+    pub instructions: [u64; 2],
+    /// Branch instructions architecturally executed.
+    pub branches: [u64; 2],
+    /// Load and store instructions (one access each).
+    pub mem_accesses: [u64; 2],
+    /// Cycles the vCPU ran (not split by exception level).
+    pub cycles: u64,
+}
+
+/// An event rustkvm counts from the totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Instructions,
+    Branches,
+    MemAccesses,
+    Cycles,
+}
+
+/// What a counter does: count totals, or only software (SW_INCR, CHAIN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Totals(Counted),
+    SwIncr,
+    Chain,
+    /// An event rustkvm does not count: the counter keeps its value (as KVM
+    /// when it cannot create the host event).
+    Nothing,
+}
+
+impl Source {
+    fn of(evtcount: u16) -> Source {
+        match evtcount {
+            event::SW_INCR => Source::SwIncr,
+            event::CHAIN => Source::Chain,
+            event::INST_RETIRED | event::INST_SPEC => Source::Totals(Counted::Instructions),
+            event::BR_RETIRED => Source::Totals(Counted::Branches),
+            event::MEM_ACCESS => Source::Totals(Counted::MemAccesses),
+            event::CPU_CYCLES => Source::Totals(Counted::Cycles),
+            _ => Source::Nothing,
+        }
+    }
+}
+
+/// PMCEID0_EL0 and PMCEID1_EL0: the common events 0x00–0x3F counted
+/// (SW_INCR and CHAIN always, as KVM).
+pub fn pmceid() -> [u64; 2] {
+    let ids = [
+        event::SW_INCR,
+        event::INST_RETIRED,
+        event::CPU_CYCLES,
+        event::MEM_ACCESS,
+        event::INST_SPEC,
+        event::CHAIN,
+        event::BR_RETIRED,
+    ];
+    let bits = ids.iter().fold(0u64, |m, &e| m | 1 << e);
+    [bits & 0xffff_ffff, bits >> 32]
+}
+
+/// The PMU a vCPU is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PmuConfig {
+    /// Event counters (PMCR_EL0.N), 0..=31; None: no PMU.
+    pub counters: Option<u8>,
+    /// PMUv3p5: 64-bit event counters and PMCR_EL0.LP.
+    pub v3p5: bool,
+}
+
+impl PmuConfig {
+    /// KVM's default on a typical host: 6 counters, PMUv3p5.
+    pub const DEFAULT: PmuConfig = PmuConfig {
+        counters: Some(6),
+        v3p5: true,
+    };
+
+    fn n(self) -> usize {
+        usize::from(self.counters.unwrap_or(0)).min(MAX_COUNTERS)
+    }
+
+    /// The counters that exist: event counters 0..N and the cycle counter.
+    fn mask(self) -> u64 {
+        ((1u64 << self.n()) - 1) | 1 << CYCLE_IDX
+    }
+}
+
+/// One counter: its value at the last sync and its event's total then.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counter {
+    value: u64,
+    base: u64,
+}
+
+/// A vCPU's PMUv3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pmu {
+    config: PmuConfig,
+    pmcr: u64,
+    cnten: u64,
+    inten: u64,
+    ovs: u64,
+    selr: u64,
+    userenr: u64,
+    evtyper: [u64; 32],
+    counters: [Counter; 32],
+}
+
+/// What the guest's access changed that the accelerator must act on.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Effects {
+    /// The overflow interrupt's level now (it is level-sensitive).
+    pub irq: bool,
+}
+
+impl Pmu {
+    /// A PMU in KVM's reset state (`reset_pmcr`, `reset_pmu_reg`,
+    /// `reset_pmevcntr`, `reset_pmevtyper`, `reset_pmselr`): PMCR_EL0 0,
+    /// the enable/interrupt/overflow registers, counters and event types
+    /// KVM's UNKNOWN pattern masked to what exists, PMCCFILTR_EL0 and
+    /// PMUSERENR_EL0 0.
+    pub fn new(config: PmuConfig) -> Pmu {
+        let m = config.mask();
+        let mut evtyper = [RESET_UNKNOWN & evtyper::MASK; 32];
+        evtyper[CYCLE_IDX] = 0;
+        let mut counters = [Counter {
+            value: RESET_UNKNOWN & 0xffff_ffff,
+            base: 0,
+        }; 32];
+        counters[CYCLE_IDX].value = RESET_UNKNOWN;
+        Pmu {
+            config,
+            pmcr: 0,
+            cnten: RESET_UNKNOWN & m,
+            inten: RESET_UNKNOWN & m,
+            ovs: RESET_UNKNOWN & m,
+            selr: RESET_UNKNOWN & 0x1f,
+            userenr: 0,
+            evtyper,
+            counters,
+        }
+    }
+
+    /// Whether PMUv3 exists for this vCPU.
+    pub fn present(&self) -> bool {
+        self.config.counters.is_some()
+    }
+
+    fn exists(&self, i: usize) -> bool {
+        i == CYCLE_IDX || i < self.config.n()
+    }
+
+    fn source(&self, i: usize) -> Source {
+        if i == CYCLE_IDX {
+            Source::Totals(Counted::Cycles)
+        } else {
+            Source::of((self.evtyper[i] & evtyper::EVENT) as u16)
+        }
+    }
+
+    /// Whether counter `i` counts now: PMCR_EL0.E and its enable bit.
+    fn enabled(&self, i: usize) -> bool {
+        self.pmcr & pmcr::E != 0 && self.cnten & 1 << i != 0
+    }
+
+    /// The selected total of counter `i` through its EL filter (P excludes
+    /// EL1, U excludes EL0; cycles are not split by EL: either counts).
+    fn total(&self, i: usize, ev: &Events) -> Option<u64> {
+        let Source::Totals(c) = self.source(i) else {
+            return None;
+        };
+        let t = self.evtyper[i];
+        let (el0, el1) = (t & evtyper::U == 0, t & evtyper::P == 0);
+        let split =
+            |v: [u64; 2]| (if el0 { v[0] } else { 0 }).wrapping_add(if el1 { v[1] } else { 0 });
+        Some(match c {
+            Counted::Instructions => split(ev.instructions),
+            Counted::Branches => split(ev.branches),
+            Counted::MemAccesses => split(ev.mem_accesses),
+            Counted::Cycles if el0 || el1 => ev.cycles,
+            Counted::Cycles => 0,
+        })
+    }
+
+    /// Counter `i`'s width in bits (what it reads as) and where it
+    /// overflows (`kvm_pmc_is_64bit`, `kvm_pmc_has_64bit_overflow`).
+    fn width_and_overflow(&self, i: usize) -> (u32, u32) {
+        if i == CYCLE_IDX {
+            (64, if self.pmcr & pmcr::LC != 0 { 64 } else { 32 })
+        } else if self.config.v3p5 {
+            (64, if self.pmcr & pmcr::LP != 0 { 64 } else { 32 })
+        } else {
+            (32, 32)
+        }
+    }
+
+    /// Add `delta` to counter `i`: its new value and how many times it
+    /// overflowed.
+    fn add(&self, i: usize, value: u64, delta: u64) -> (u64, u64) {
+        let (width, ovf) = self.width_and_overflow(i);
+        let wraps = if ovf == 64 {
+            u64::from(value.checked_add(delta).is_none())
+        } else {
+            ((value & 0xffff_ffff) + delta) >> 32
+        };
+        let mut v = value.wrapping_add(delta);
+        if width == 32 {
+            v &= 0xffff_ffff;
+        }
+        (v, wraps)
+    }
+
+    /// Counter `i` brought up to `ev` without changing anything: its value
+    /// and its overflows since the last sync (a CHAIN counter also counts
+    /// its even neighbour's overflows).
+    fn advanced(&self, i: usize, ev: &Events) -> (u64, u64) {
+        let c = self.counters[i];
+        if !self.enabled(i) {
+            return (c.value, 0);
+        }
+        let delta = match self.source(i) {
+            Source::Totals(_) => self.total(i, ev).unwrap_or(0).wrapping_sub(c.base),
+            Source::Chain if self.chains_into(i) => self.advanced(i - 1, ev).1,
+            _ => 0,
+        };
+        self.add(i, c.value, delta)
+    }
+
+    /// Whether odd counter `i` takes its even neighbour's overflows
+    /// (`kvm_pmu_counter_can_chain`: 32-bit overflow of the even counter).
+    fn chains_into(&self, i: usize) -> bool {
+        i % 2 == 1
+            && i < CYCLE_IDX
+            && self.width_and_overflow(i - 1).1 == 32
+            && self.source(i) == Source::Chain
+    }
+
+    /// Counter `i`'s value now.
+    pub fn value(&self, i: usize, ev: &Events) -> u64 {
+        self.advanced(i, ev).0
+    }
+
+    /// Fold the events since the last sync into every counter, setting
+    /// PMOVSSET bits for those that overflowed; returns the interrupt level.
+    pub fn sync(&mut self, ev: &Events) -> Effects {
+        let mut next = self.counters;
+        for (i, slot) in next.iter_mut().enumerate() {
+            if !self.exists(i) {
+                continue;
+            }
+            let (value, wraps) = self.advanced(i, ev);
+            if wraps != 0 {
+                self.ovs |= 1 << i;
+            }
+            *slot = Counter {
+                value,
+                base: self.total(i, ev).unwrap_or(0),
+            };
+        }
+        self.counters = next;
+        self.effects()
+    }
+
+    /// The overflow interrupt's level: PMCR_EL0.E and an overflow whose
+    /// interrupt is enabled (`kvm_pmu_overflow_status`; current KVM no
+    /// longer requires the counter to be enabled in PMCNTENSET).
+    pub fn irq_level(&self) -> bool {
+        self.pmcr & pmcr::E != 0 && self.ovs & self.inten != 0
+    }
+
+    fn effects(&self) -> Effects {
+        Effects {
+            irq: self.irq_level(),
+        }
+    }
+
+    /// Whether some enabled counter counts instructions, branches or memory
+    /// accesses (the accelerator must count them).
+    pub fn counts_retired(&self) -> bool {
+        (0..self.config.n()).any(|i| {
+            self.enabled(i)
+                && matches!(
+                    self.source(i),
+                    Source::Totals(
+                        Counted::Instructions | Counted::Branches | Counted::MemAccesses
+                    )
+                )
+        })
+    }
+
+    /// Instructions that may retire before a counter counting instructions,
+    /// branches or memory accesses (at most one each per instruction)
+    /// overflows with its interrupt enabled; None if none does.
+    pub fn until_overflow(&self, ev: &Events) -> Option<u64> {
+        if self.pmcr & pmcr::E == 0 {
+            return None;
+        }
+        (0..self.config.n())
+            .filter(|&i| self.enabled(i) && self.inten & 1 << i != 0)
+            .filter(|&i| {
+                matches!(
+                    self.source(i),
+                    Source::Totals(
+                        Counted::Instructions | Counted::Branches | Counted::MemAccesses
+                    )
+                )
+            })
+            .map(|i| {
+                let v = self.value(i, ev);
+                let (_, ovf) = self.width_and_overflow(i);
+                if ovf == 64 {
+                    v.wrapping_neg().max(1)
+                } else {
+                    (1u64 << 32) - (v & 0xffff_ffff)
+                }
+            })
+            .min()
+    }
+
+    /// The EL0 access rule of `reg` (`check_pmu_access_disabled` and its
+    /// callers): which PMUSERENR_EL0 bits allow it.
+    fn el0_allows(&self, reg: PmuReg, write: bool) -> bool {
+        let u = self.userenr;
+        let any = |bits: u64| u & bits != 0;
+        match reg {
+            PmuReg::IntenSet | PmuReg::IntenClr | PmuReg::Userenr => false,
+            PmuReg::Swinc => any(userenr::SW | userenr::EN),
+            PmuReg::Ccntr if !write => any(userenr::CR | userenr::EN),
+            PmuReg::Evcntr(_) | PmuReg::Xevcntr if !write => any(userenr::ER | userenr::EN),
+            PmuReg::Selr => any(userenr::ER | userenr::EN),
+            _ => any(userenr::EN),
+        }
+    }
+
+    /// The counter PMSELR_EL0 selects.
+    fn selected(&self) -> u8 {
+        (self.selr & 0x1f) as u8
+    }
+
+    /// UNDEF unless counter `n` exists (`pmu_counter_idx_valid`).
+    fn check_counter(&self, n: u8) -> Result<usize, PmuError> {
+        let i = usize::from(n);
+        if self.exists(i) {
+            Ok(i)
+        } else {
+            Err(PmuError::NoSuchCounter(n))
+        }
+    }
+
+    /// MRS of `reg` at EL `el` (0 or 1) with the totals `ev`.
+    pub fn read(&self, reg: PmuReg, el: u8, ev: &Events) -> Result<u64, PmuError> {
+        if !self.present() {
+            return Err(PmuError::NoPmu);
+        }
+        if el == 0 && !self.el0_allows(reg, false) {
+            return Err(PmuError::El0Disabled(reg));
+        }
+        let n = self.config.n() as u64;
+        Ok(match reg {
+            PmuReg::Pmcr => (self.pmcr & !(pmcr::P | pmcr::C)) | n << pmcr::N_SHIFT,
+            PmuReg::CntenSet | PmuReg::CntenClr => self.cnten,
+            PmuReg::IntenSet | PmuReg::IntenClr => self.inten,
+            PmuReg::OvsSet | PmuReg::OvsClr => self.ovs | self.pending_ovs(ev),
+            PmuReg::Swinc => return Err(PmuError::Direction(reg)),
+            PmuReg::Selr => u64::from(self.selected()),
+            PmuReg::Ceid(k) => pmceid()[usize::from(k & 1)],
+            PmuReg::Ccntr => self.value(CYCLE_IDX, ev),
+            PmuReg::Xevtyper => self.evtyper[self.check_counter(self.selected())?],
+            PmuReg::Xevcntr => self.value(self.check_counter(self.selected())?, ev),
+            PmuReg::Userenr => self.userenr,
+            PmuReg::Evcntr(i) => self.value(self.check_counter(i)?, ev),
+            PmuReg::Evtyper(i) => self.evtyper[self.check_counter(i)?],
+        })
+    }
+
+    /// Overflows since the last sync, not yet in PMOVSSET.
+    fn pending_ovs(&self, ev: &Events) -> u64 {
+        (0..32)
+            .filter(|&i| self.exists(i) && self.advanced(i, ev).1 != 0)
+            .fold(0, |m, i| m | 1 << i)
+    }
+
+    /// MSR of `reg` = `value` at EL `el` with the totals `ev`.
+    pub fn write(
+        &mut self,
+        reg: PmuReg,
+        value: u64,
+        el: u8,
+        ev: &Events,
+    ) -> Result<Effects, PmuError> {
+        if !self.present() {
+            return Err(PmuError::NoPmu);
+        }
+        if el == 0 && (!self.el0_allows(reg, true) || matches!(reg, PmuReg::Userenr)) {
+            return Err(PmuError::El0Disabled(reg));
+        }
+        // Everything below changes what counts or a value: fold first.
+        self.sync(ev);
+        let m = self.config.mask();
+        match reg {
+            PmuReg::Pmcr => {
+                let mut v = value & pmcr::MASK & !(pmcr::P | pmcr::C);
+                if !self.config.v3p5 {
+                    v &= !pmcr::LP;
+                }
+                self.pmcr = v;
+                if value & pmcr::C != 0 {
+                    self.counters[CYCLE_IDX].value = 0;
+                }
+                if value & pmcr::P != 0 {
+                    for c in &mut self.counters[..self.config.n()] {
+                        c.value = 0;
+                    }
+                }
+            }
+            PmuReg::CntenSet => self.cnten |= value & m,
+            PmuReg::CntenClr => self.cnten &= !(value & m),
+            PmuReg::IntenSet => self.inten |= value & m,
+            PmuReg::IntenClr => self.inten &= !(value & m),
+            PmuReg::OvsSet => self.ovs |= value & m,
+            PmuReg::OvsClr => self.ovs &= !(value & m),
+            PmuReg::Swinc => self.software_increment(value & m & !(1 << CYCLE_IDX)),
+            PmuReg::Selr => self.selr = value,
+            PmuReg::Ceid(_) => return Err(PmuError::Direction(reg)),
+            PmuReg::Ccntr => self.counters[CYCLE_IDX].value = value,
+            PmuReg::Xevtyper => {
+                let i = self.check_counter(self.selected())?;
+                self.evtyper[i] = value & evtyper::MASK;
+            }
+            PmuReg::Xevcntr => {
+                let i = self.check_counter(self.selected())?;
+                self.set_counter(i, value);
+            }
+            PmuReg::Userenr => self.userenr = value & userenr::MASK,
+            PmuReg::Evcntr(n) => {
+                let i = self.check_counter(n)?;
+                self.set_counter(i, value);
+            }
+            PmuReg::Evtyper(n) => {
+                let i = self.check_counter(n)?;
+                self.evtyper[i] = value & evtyper::MASK;
+            }
+        }
+        // Counting restarts from the totals now for whatever changed.
+        for i in 0..32 {
+            if self.exists(i) {
+                self.counters[i].base = self.total(i, ev).unwrap_or(0);
+            }
+        }
+        Ok(self.effects())
+    }
+
+    fn set_counter(&mut self, i: usize, value: u64) {
+        let (width, _) = self.width_and_overflow(i);
+        self.counters[i].value = if width == 32 {
+            value & 0xffff_ffff
+        } else {
+            value
+        };
+    }
+
+    /// PMSWINC_EL0 (`kvm_pmu_software_increment`): with PMCR_EL0.E, each
+    /// enabled counter in `mask` whose event is SW_INCR counts 1, whatever
+    /// its EL filter; an even counter's overflow feeds a CHAIN neighbour.
+    fn software_increment(&mut self, mask: u64) {
+        if self.pmcr & pmcr::E == 0 {
+            return;
+        }
+        for i in 0..self.config.n() {
+            if mask & 1 << i == 0 || !self.enabled(i) || self.source(i) != Source::SwIncr {
+                continue;
+            }
+            let (v, wraps) = self.add(i, self.counters[i].value, 1);
+            self.counters[i].value = v;
+            if wraps != 0 {
+                self.ovs |= 1 << i;
+                let j = i + 1;
+                if j < self.config.n() && self.enabled(j) && self.chains_into(j) {
+                    let (w, w2) = self.add(j, self.counters[j].value, 1);
+                    self.counters[j].value = w;
+                    if w2 != 0 {
+                        self.ovs |= 1 << j;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sys_reg() encodings of the registers the tests use.
+    fn enc(op0: u32, op1: u32, crn: u32, crm: u32, op2: u32) -> u32 {
+        op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2
+    }
+
+    fn ev(el0: u64, el1: u64) -> Events {
+        Events {
+            instructions: [el0, el1],
+            branches: [el0 / 4, el1 / 4],
+            mem_accesses: [el0 / 3, el1 / 3],
+            cycles: 2 * (el0 + el1),
+        }
+    }
+
+    fn pmu() -> Pmu {
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        let e = Events::default();
+        // What Linux does first: clear the UNKNOWN reset state.
+        p.write(PmuReg::CntenClr, u64::MAX, 1, &e).unwrap();
+        p.write(PmuReg::IntenClr, u64::MAX, 1, &e).unwrap();
+        p.write(PmuReg::OvsClr, u64::MAX, 1, &e).unwrap();
+        p
+    }
+
+    #[test]
+    fn encodings_decode_to_the_pmu_registers() {
+        assert_eq!(PmuReg::decode(enc(3, 3, 9, 12, 0)), Some(PmuReg::Pmcr));
+        assert_eq!(PmuReg::decode(enc(3, 0, 9, 14, 1)), Some(PmuReg::IntenSet));
+        assert_eq!(PmuReg::decode(enc(3, 3, 9, 13, 0)), Some(PmuReg::Ccntr));
+        assert_eq!(PmuReg::decode(enc(3, 3, 14, 8, 0)), Some(PmuReg::Evcntr(0)));
+        assert_eq!(
+            PmuReg::decode(enc(3, 3, 14, 11, 6)),
+            Some(PmuReg::Evcntr(30))
+        );
+        assert_eq!(
+            PmuReg::decode(enc(3, 3, 14, 15, 7)),
+            Some(PmuReg::Evtyper(31)),
+            "PMCCFILTR"
+        );
+        assert_eq!(PmuReg::decode(enc(3, 3, 9, 12, 6)), Some(PmuReg::Ceid(0)));
+        assert_eq!(PmuReg::decode(enc(3, 0, 9, 12, 0)), None);
+        assert_eq!(PmuReg::decode(enc(2, 3, 9, 12, 0)), None);
+    }
+
+    #[test]
+    fn reset_state_is_kvms_unknown_pattern_and_pmcr_reads_n() {
+        let p = Pmu::new(PmuConfig::DEFAULT);
+        let e = Events::default();
+        assert_eq!(p.read(PmuReg::Pmcr, 1, &e), Ok(6 << 11));
+        assert_eq!(p.read(PmuReg::CntenSet, 1, &e), Ok(0x8000_001e));
+        assert_eq!(p.read(PmuReg::OvsSet, 1, &e), Ok(0x8000_001e));
+        assert_eq!(p.read(PmuReg::Selr, 1, &e), Ok(0x1e));
+        assert_eq!(p.read(PmuReg::Evtyper(0), 1, &e), Ok(0xc000_c0de));
+        assert_eq!(p.read(PmuReg::Evtyper(31), 1, &e), Ok(0), "PMCCFILTR");
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e), Ok(0xdbad_c0de));
+        assert!(!p.irq_level(), "E is 0");
+        let none = Pmu::new(PmuConfig {
+            counters: None,
+            v3p5: true,
+        });
+        assert_eq!(none.read(PmuReg::Pmcr, 1, &e), Err(PmuError::NoPmu));
+    }
+
+    #[test]
+    fn counters_count_their_event_through_the_el_filter_when_enabled() {
+        let mut p = pmu();
+        let e0 = ev(1000, 500);
+        p.write(PmuReg::Evtyper(0), u64::from(event::INST_RETIRED), 1, &e0)
+            .unwrap();
+        p.write(
+            PmuReg::Evtyper(1),
+            evtyper::P | u64::from(event::BR_RETIRED),
+            1,
+            &e0,
+        )
+        .unwrap();
+        p.write(
+            PmuReg::Evtyper(2),
+            evtyper::U | u64::from(event::MEM_ACCESS),
+            1,
+            &e0,
+        )
+        .unwrap();
+        for i in 0..3 {
+            p.write(PmuReg::Evcntr(i), 0, 1, &e0).unwrap();
+        }
+        p.write(PmuReg::CntenSet, 0b111 | 1 << 31, 1, &e0).unwrap();
+        let e1 = ev(1400, 800);
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e1), Ok(0), "PMCR.E is 0");
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::C, 1, &e1).unwrap();
+        let e2 = ev(1800, 1100);
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e2), Ok(400 + 300));
+        assert_eq!(
+            p.read(PmuReg::Evcntr(1), 1, &e2),
+            Ok(100),
+            "EL0 branches only"
+        );
+        assert_eq!(
+            p.read(PmuReg::Evcntr(2), 1, &e2),
+            Ok(100),
+            "EL1 accesses only"
+        );
+        assert_eq!(p.read(PmuReg::Ccntr, 1, &e2), Ok(2 * 700), "C reset it");
+        assert_eq!(
+            p.read(PmuReg::Pmcr, 1, &e2),
+            Ok(pmcr::E | 6 << 11),
+            "C reads 0"
+        );
+        // P resets the event counters, not the cycle counter.
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::P, 1, &e2).unwrap();
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e2), Ok(0));
+        assert_eq!(p.read(PmuReg::Ccntr, 1, &e2), Ok(1400));
+        // Unknown events keep their value.
+        p.write(PmuReg::Evtyper(3), 0x40, 1, &e2).unwrap();
+        p.write(PmuReg::Evcntr(3), 77, 1, &e2).unwrap();
+        p.write(PmuReg::CntenSet, 1 << 3, 1, &e2).unwrap();
+        assert_eq!(p.read(PmuReg::Evcntr(3), 1, &ev(9000, 9000)), Ok(77));
+    }
+
+    #[test]
+    fn overflow_at_32_bits_sets_pmovs_and_the_irq_follows_kvm() {
+        let mut p = pmu();
+        let e0 = ev(0, 0);
+        p.write(PmuReg::Evtyper(0), u64::from(event::INST_RETIRED), 1, &e0)
+            .unwrap();
+        p.write(PmuReg::Evcntr(0), 0xffff_fff0, 1, &e0).unwrap();
+        p.write(PmuReg::CntenSet, 1, 1, &e0).unwrap();
+        p.write(PmuReg::IntenSet, 1, 1, &e0).unwrap();
+        p.write(PmuReg::Pmcr, pmcr::E, 1, &e0).unwrap();
+        assert_eq!(p.until_overflow(&e0), Some(16));
+        let e1 = ev(20, 0);
+        // PMUv3p5 without LP: 64 bits wide, overflow flagged at 32.
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e1), Ok(0x1_0000_0004));
+        assert_eq!(p.read(PmuReg::OvsSet, 1, &e1), Ok(1), "seen before a sync");
+        assert!(p.sync(&e1).irq);
+        // Current KVM: the level ignores PMCNTENSET.
+        p.write(PmuReg::CntenClr, 1, 1, &e1).unwrap();
+        assert!(p.irq_level());
+        p.write(PmuReg::OvsClr, 1, 1, &e1).unwrap();
+        assert!(!p.irq_level());
+        // LP: 64-bit overflow; without PMUv3p5 LP is RES0 and 32-bit counters.
+        let mut q = Pmu::new(PmuConfig {
+            counters: Some(2),
+            v3p5: false,
+        });
+        q.write(PmuReg::Pmcr, pmcr::LP, 1, &e0).unwrap();
+        assert_eq!(q.read(PmuReg::Pmcr, 1, &e0), Ok(2 << 11));
+        q.write(PmuReg::Evcntr(0), u64::MAX, 1, &e0).unwrap();
+        assert_eq!(q.read(PmuReg::Evcntr(0), 1, &e0), Ok(0xffff_ffff));
+    }
+
+    #[test]
+    fn sw_incr_and_chain() {
+        let mut p = pmu();
+        let e = Events::default();
+        p.write(PmuReg::Evtyper(0), u64::from(event::SW_INCR), 1, &e)
+            .unwrap();
+        p.write(PmuReg::Evtyper(1), u64::from(event::CHAIN), 1, &e)
+            .unwrap();
+        p.write(PmuReg::Evcntr(0), 0xffff_fffe, 1, &e).unwrap();
+        p.write(PmuReg::Evcntr(1), 7, 1, &e).unwrap();
+        // Without PMCR.E nothing counts.
+        p.write(PmuReg::CntenSet, 0b11, 1, &e).unwrap();
+        p.write(PmuReg::Swinc, 1, 1, &e).unwrap();
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e), Ok(0xffff_fffe));
+        p.write(PmuReg::Pmcr, pmcr::E, 1, &e).unwrap();
+        p.write(PmuReg::Swinc, 1, 1, &e).unwrap();
+        p.write(PmuReg::Swinc, 1, 1, &e).unwrap();
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e), Ok(0x1_0000_0000));
+        assert_eq!(
+            p.read(PmuReg::Evcntr(1), 1, &e),
+            Ok(8),
+            "CHAIN took the overflow"
+        );
+        assert_eq!(p.read(PmuReg::OvsSet, 1, &e), Ok(1));
+        // CHAIN of a counted event: the odd counter counts the even one's
+        // 32-bit overflows, lazily.
+        let mut q = pmu();
+        let e0 = ev(0, 0);
+        q.write(PmuReg::Evtyper(2), u64::from(event::INST_RETIRED), 1, &e0)
+            .unwrap();
+        q.write(PmuReg::Evtyper(3), u64::from(event::CHAIN), 1, &e0)
+            .unwrap();
+        q.write(PmuReg::Evcntr(2), 0xffff_ff00, 1, &e0).unwrap();
+        q.write(PmuReg::Evcntr(3), 0, 1, &e0).unwrap();
+        q.write(PmuReg::CntenSet, 0b1100, 1, &e0).unwrap();
+        q.write(PmuReg::Pmcr, pmcr::E, 1, &e0).unwrap();
+        let e1 = ev(0x100, 0);
+        assert_eq!(q.read(PmuReg::Evcntr(3), 1, &e1), Ok(1));
+        q.sync(&e1);
+        assert_eq!(q.read(PmuReg::Evcntr(3), 1, &ev(0x1_0000_0100, 0)), Ok(2));
+        // With LP (64-bit overflow) nothing chains.
+        q.write(PmuReg::Pmcr, pmcr::E | pmcr::LP, 1, &e1).unwrap();
+        assert_eq!(q.read(PmuReg::Evcntr(3), 1, &ev(0x3_0000_0000, 0)), Ok(1));
+    }
+
+    #[test]
+    fn pmselr_indirection_and_missing_counters_undef() {
+        let mut p = pmu();
+        let e = Events::default();
+        p.write(PmuReg::Selr, 0xffff_ff02, 1, &e).unwrap();
+        assert_eq!(p.read(PmuReg::Selr, 1, &e), Ok(2));
+        p.write(
+            PmuReg::Xevtyper,
+            u64::from(event::CPU_CYCLES) | 1 << 29,
+            1,
+            &e,
+        )
+        .unwrap();
+        assert_eq!(
+            p.read(PmuReg::Evtyper(2), 1, &e),
+            Ok(u64::from(event::CPU_CYCLES)),
+            "NSK is RES0"
+        );
+        p.write(PmuReg::Selr, 31, 1, &e).unwrap();
+        p.write(PmuReg::Xevtyper, evtyper::U, 1, &e).unwrap();
+        assert_eq!(
+            p.read(PmuReg::Evtyper(31), 1, &e),
+            Ok(evtyper::U),
+            "PMCCFILTR"
+        );
+        p.write(PmuReg::Selr, 6, 1, &e).unwrap();
+        assert_eq!(
+            p.read(PmuReg::Xevcntr, 1, &e),
+            Err(PmuError::NoSuchCounter(6))
+        );
+        assert_eq!(
+            p.read(PmuReg::Evcntr(30), 1, &e),
+            Err(PmuError::NoSuchCounter(30))
+        );
+        assert_eq!(
+            p.write(PmuReg::Ceid(0), 0, 1, &e),
+            Err(PmuError::Direction(PmuReg::Ceid(0)))
+        );
+        assert_eq!(
+            p.read(PmuReg::Swinc, 1, &e),
+            Err(PmuError::Direction(PmuReg::Swinc))
+        );
+        let ceid = p.read(PmuReg::Ceid(0), 1, &e).unwrap();
+        assert_eq!(
+            ceid,
+            1 | 1 << 8 | 1 << 0x11 | 1 << 0x13 | 1 << 0x1b | 1 << 30
+        );
+        assert_eq!(
+            p.read(PmuReg::Ceid(1), 1, &e),
+            Ok(1 << 1),
+            "BR_RETIRED (0x21)"
+        );
+    }
+
+    #[test]
+    fn el0_access_follows_pmuserenr() {
+        let mut p = pmu();
+        let e = Events::default();
+        assert!(p.read(PmuReg::Pmcr, 0, &e).is_err());
+        assert!(
+            p.write(PmuReg::Userenr, 0xf, 0, &e).is_err(),
+            "never from EL0"
+        );
+        p.write(PmuReg::Userenr, userenr::CR | 0xf0, 1, &e).unwrap();
+        assert_eq!(
+            p.read(PmuReg::Userenr, 0, &e),
+            Err(PmuError::El0Disabled(PmuReg::Userenr))
+        );
+        assert_eq!(p.read(PmuReg::Userenr, 1, &e), Ok(userenr::CR));
+        assert!(
+            p.read(PmuReg::Ccntr, 0, &e).is_ok(),
+            "CR: cycle counter reads"
+        );
+        assert!(p.write(PmuReg::Ccntr, 0, 0, &e).is_err(), "writes need EN");
+        assert!(p.read(PmuReg::Evcntr(0), 0, &e).is_err());
+        p.write(PmuReg::Userenr, userenr::ER | userenr::SW, 1, &e)
+            .unwrap();
+        assert!(p.read(PmuReg::Evcntr(0), 0, &e).is_ok());
+        assert!(p.read(PmuReg::Selr, 0, &e).is_ok());
+        assert!(p.write(PmuReg::Swinc, 1, 0, &e).is_ok());
+        assert!(p.read(PmuReg::Pmcr, 0, &e).is_err());
+        p.write(PmuReg::Userenr, userenr::EN, 1, &e).unwrap();
+        assert!(p.read(PmuReg::Pmcr, 0, &e).is_ok());
+        assert!(
+            p.read(PmuReg::IntenSet, 0, &e).is_err(),
+            "PMINTEN never from EL0"
+        );
+    }
+}
