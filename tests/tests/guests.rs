@@ -704,7 +704,7 @@ fn x86_pmu_counters_survive_migration_exactly() {
 fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
     let _serial = serial();
     let amd = find_test("x86-pmu-amd");
-    let with = |cpu: Option<&str>, accel: Option<&str>| {
+    let run = |cpu: Option<&str>, accel: Option<&str>| {
         let opts = run::RunOptions {
             qemu_args: cpu
                 .map(|c| vec!["-cpu".into(), c.into()])
@@ -712,14 +712,17 @@ fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
             accel_opts: accel.map(|a| vec![a.to_string()]).unwrap_or_default(),
             ..Default::default()
         };
-        let r = run::run_with(
+        run::run_with(
             &amd,
             Arch::X86_64,
             Variant::Default,
             Backend::Rustkvm,
             &opts,
         )
-        .expect("ran");
+        .expect("ran")
+    };
+    let with = |cpu: Option<&str>, accel: Option<&str>| {
+        let r = run(cpu, accel);
         assert_eq!(
             r.outcome.status,
             Status::Pass,
@@ -740,18 +743,7 @@ fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
     assert_eq!(measure(&r, "perfctr-core"), "false");
     assert_eq!(measure(&r, "perfmon-v2.counters"), "None");
     // Without pmu=on the guest finds no PMU (the K7 MSRs read 0, as KVM).
-    let opts = run::RunOptions {
-        qemu_args: vec!["-cpu".into(), "max,pmu=off".into()],
-        ..Default::default()
-    };
-    let r = run::run_with(
-        &amd,
-        Arch::X86_64,
-        Variant::Default,
-        Backend::Rustkvm,
-        &opts,
-    )
-    .expect("ran");
+    let r = run(Some("max,pmu=off"), None);
     assert!(
         matches!(r.outcome.status, Status::Skip(_)),
         "{:?}",

@@ -17,6 +17,8 @@ pub mod arch;
 pub mod console;
 pub mod cross;
 pub mod workload;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_pmu;
 
 use core::fmt::{self, Write};
 

@@ -26,8 +26,10 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "x86_64")]
 mod amd {
-    use core::arch::asm;
     use guest::arch::{self, lapic_reg, nmis, set_lapic_reg, GP_VECTOR};
+    use guest::x86_pmu::{
+        counted_loop, nop_sled, rd, wr, EN, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, SVR, USR,
+    };
     use guest::Test;
 
     const K7_EVNTSEL0: u32 = 0xc001_0000;
@@ -37,27 +39,11 @@ mod amd {
     const GLOBAL_CTL: u32 = 0xc000_0301;
     const GLOBAL_STATUS_CLR: u32 = 0xc000_0302;
     const GLOBAL_STATUS_SET: u32 = 0xc000_0303;
-    /// PerfEvtSel: USR, OS, INT, EN; GuestOnly (bit 40, reserved for KVM).
-    const USR: u64 = 1 << 16;
-    const OS: u64 = 1 << 17;
-    const INT: u64 = 1 << 20;
-    const EN: u64 = 1 << 22;
-    const GUEST_ONLY: u64 = 1 << 40;
     /// Retired instructions, retired branch instructions.
     const INSNS: u64 = 0xc0;
     const BRANCHES: u64 = 0xc2;
-    const SVR: u32 = 0xf0;
-    const LVTPC: u32 = 0x340;
-    const LVT_NMI: u32 = 4 << 8;
-    const LVT_MASKED: u32 = 1 << 16;
-
-    fn wr(index: u32, value: u64) {
-        arch::wrmsr(index, value).expect("PMU MSR write");
-    }
-
-    fn rd(index: u32) -> u64 {
-        arch::rdmsr(index).expect("PMU MSR read")
-    }
+    /// GuestOnly (bit 40): reserved for a KVM guest.
+    const GUEST_ONLY: u64 = 1 << 40;
 
     /// What the CPU model has.
     #[derive(Clone, Copy)]
@@ -102,60 +88,6 @@ mod amd {
                 (self.ctl(i), sel)
             }
         }
-    }
-
-    /// WRMSR `start` (counted), `dec r8; jnz` `n` times, then the 3
-    /// instructions before the WRMSR that writes 0 to `stop.0` (not
-    /// counted): 2n + 5 instructions, n branches.
-    fn counted_loop(start: (u32, u64), stop: u32, n: u64) {
-        // SAFETY: WRMSRs of PMU MSRs at CPL 0 and register arithmetic.
-        unsafe {
-            asm!(
-                "wrmsr",
-                "mov r8, {n}",
-                "2:",
-                "dec r8",
-                "jnz 2b",
-                "mov ecx, {stop:e}",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                n = in(reg) n,
-                stop = in(reg) stop,
-                inout("ecx") start.0 => _,
-                inout("eax") start.1 as u32 => _,
-                inout("edx") (start.1 >> 32) as u32 => _,
-                out("r8") _,
-                options(nostack),
-            );
-        }
-    }
-
-    /// WRMSR `start`, 40 NOPs, WRMSR `stop` = 0; the first NOP's address.
-    fn nop_sled(start: (u32, u64), stop: u32) -> u64 {
-        let sled: u64;
-        // SAFETY: as counted_loop.
-        unsafe {
-            asm!(
-                "lea {sled}, [rip + 5f]",
-                "wrmsr",
-                "5:",
-                ".rept 40",
-                "nop",
-                ".endr",
-                "mov ecx, {stop:e}",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                sled = out(reg) sled,
-                stop = in(reg) stop,
-                inout("ecx") start.0 => _,
-                inout("eax") start.1 as u32 => _,
-                inout("edx") (start.1 >> 32) as u32 => _,
-                options(nostack),
-            );
-        }
-        sled
     }
 
     pub fn main(t: &mut Test) {

@@ -20,8 +20,8 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "x86_64")]
 mod smp {
-    use core::arch::asm;
     use guest::arch::{self, wrmsr};
+    use guest::x86_pmu::counted_loop;
 
     /// Per vCPU (by APIC ID): RDPMC reads that went backwards, the exact
     /// loop's count, and 1 when done.
@@ -34,31 +34,6 @@ mod smp {
 
     fn apic_id() -> usize {
         (arch::cpuid(1, 0)[1] >> 24) as usize & 7
-    }
-
-    /// Enable GLOBAL_CTRL (counted), `dec r8; jnz` N times, the 3
-    /// instructions before the disabling WRMSR: 2N + 5 on PMC0.
-    fn counted_loop() {
-        // SAFETY: WRMSR of GLOBAL_CTRL and register arithmetic.
-        unsafe {
-            asm!(
-                "wrmsr",
-                "mov r8, {n}",
-                "2:",
-                "dec r8",
-                "jnz 2b",
-                "mov ecx, 0x38f",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                n = in(reg) N,
-                inout("ecx") 0x38fu32 => _,
-                inout("eax") 1u32 => _,
-                inout("edx") 1u32 => _,
-                out("r8") _,
-                options(nostack),
-            );
-        }
     }
 
     /// What every vCPU does.
@@ -82,7 +57,8 @@ mod smp {
         }
         w(0x38f, 0);
         w(0xc1, 0);
-        counted_loop();
+        // GLOBAL_CTRL: PMC0 and FIXED_CTR0; 2N + 5 on PMC0.
+        counted_loop((0x38f, 1 | 1 << 32), 0x38f, N);
         let count = arch::rdmsr(0xc1).unwrap_or(0);
         // SAFETY: each vCPU writes only its own slots.
         unsafe {

@@ -29,48 +29,25 @@ fn main(t: &mut Test) {
 mod pmu {
     use core::arch::asm;
     use guest::arch::{self, lapic_reg, nmis, set_lapic_reg};
+    use guest::x86_pmu::{
+        branch_loop, counted_loop, nop_sled, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
+        GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, PMC0,
+        SVR, USR,
+    };
     use guest::Test;
 
-    /// IA32_PMC0 (GP counter 0; PMC1 follows).
-    const PMC0: u32 = 0xc1;
-    /// IA32_PERFEVTSEL0.
-    const EVTSEL0: u32 = 0x186;
-    /// IA32_FIXED_CTR0 (instructions retired).
-    const FIXED_CTR0: u32 = 0x309;
-    /// IA32_FIXED_CTR_CTRL.
-    const FIXED_CTR_CTRL: u32 = 0x38d;
-    /// IA32_PERF_GLOBAL_STATUS.
-    const GLOBAL_STATUS: u32 = 0x38e;
-    /// IA32_PERF_GLOBAL_CTRL.
-    const GLOBAL_CTRL: u32 = 0x38f;
-    /// IA32_PERF_GLOBAL_OVF_CTRL.
-    const GLOBAL_OVF_CTRL: u32 = 0x390;
-    /// PERFEVTSEL: count at CPL > 0, at CPL 0, PMI on overflow, enable.
-    const USR: u64 = 1 << 16;
-    const OS: u64 = 1 << 17;
-    const INT: u64 = 1 << 20;
-    const EN: u64 = 1 << 22;
+    /// Start and stop counting through GLOBAL_CTRL.
+    fn global(enable: u64) -> (u32, u64) {
+        (GLOBAL_CTRL, enable)
+    }
+
     /// Architectural events: instructions retired, branches retired.
     const INSNS: u64 = 0xc0;
     const BRANCHES: u64 = 0xc4;
-    /// Local APIC: spurious-interrupt vector register and LVT performance
-    /// counter register (delivery mode NMI = 100b in bits 10:8; mask bit 16).
-    const SVR: u32 = 0xf0;
-    const LVTPC: u32 = 0x340;
-    const LVT_NMI: u32 = 4 << 8;
-    const LVT_MASKED: u32 = 1 << 16;
     /// GLOBAL_CTRL: GP counters 0 and 1, fixed counter 0.
     const ALL: u64 = 0b11 | 1 << 32;
     /// A non-canonical address: loading from it raises #GP.
     const NON_CANONICAL: u64 = 0x8000_0000_0000_0000;
-
-    fn wr(index: u32, value: u64) {
-        arch::wrmsr(index, value).expect("PMU MSR write");
-    }
-
-    fn rd(index: u32) -> u64 {
-        arch::rdmsr(index).expect("PMU MSR read")
-    }
 
     /// Everything stopped and zero; PMC0 counts instructions, PMC1
     /// branches (`sel` adds bits to both), FIXED_CTR0 instructions.
@@ -87,32 +64,6 @@ mod pmu {
     /// (PMC0, PMC1, FIXED_CTR0).
     fn counts() -> (u64, u64, u64) {
         (rd(PMC0), rd(PMC0 + 1), rd(FIXED_CTR0))
-    }
-
-    /// Enable `enable` (GLOBAL_CTRL), run `dec r8; jnz` `n` times, disable.
-    /// Counted: the enabling WRMSR, the mov, 2n loop instructions and the
-    /// three instructions before the disabling WRMSR: 2n + 5; n branches.
-    fn counted_loop(enable: u64, n: u64) {
-        // SAFETY: WRMSR of GLOBAL_CTRL (CPL 0) and register arithmetic.
-        unsafe {
-            asm!(
-                "wrmsr",
-                "mov r8, {n}",
-                "2:",
-                "dec r8",
-                "jnz 2b",
-                "mov ecx, 0x38f",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                n = in(reg) n,
-                inout("ecx") GLOBAL_CTRL => _,
-                inout("eax") enable as u32 => _,
-                inout("edx") (enable >> 32) as u32 => _,
-                out("r8") _,
-                options(nostack),
-            );
-        }
     }
 
     /// Enable, then RDPMC `ecx` right after one more instruction.
@@ -232,60 +183,6 @@ mod pmu {
         }
     }
 
-    /// Enable (`enable`), run 40 NOPs, disable; returns the first NOP's address.
-    fn nop_sled(enable: u64) -> u64 {
-        let sled: u64;
-        // SAFETY: WRMSR of GLOBAL_CTRL and NOPs.
-        unsafe {
-            asm!(
-                "lea {sled}, [rip + 5f]",
-                "wrmsr",
-                "5:",
-                ".rept 40",
-                "nop",
-                ".endr",
-                "mov ecx, 0x38f",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                sled = out(reg) sled,
-                inout("ecx") GLOBAL_CTRL => _,
-                inout("eax") enable as u32 => _,
-                inout("edx") (enable >> 32) as u32 => _,
-                options(nostack),
-            );
-        }
-        sled
-    }
-
-    /// Enable, run `dec r8; jnz` `n` times, disable; returns the loop head.
-    fn branch_loop(enable: u64, n: u64) -> u64 {
-        let head: u64;
-        // SAFETY: as counted_loop.
-        unsafe {
-            asm!(
-                "lea {head}, [rip + 6f]",
-                "wrmsr",
-                "mov r8, {n}",
-                "6:",
-                "dec r8",
-                "jnz 6b",
-                "mov ecx, 0x38f",
-                "xor eax, eax",
-                "xor edx, edx",
-                "wrmsr",
-                n = in(reg) n,
-                head = out(reg) head,
-                inout("ecx") GLOBAL_CTRL => _,
-                inout("eax") enable as u32 => _,
-                inout("edx") (enable >> 32) as u32 => _,
-                out("r8") _,
-                options(nostack),
-            );
-        }
-        head
-    }
-
     /// Arm a PMI: counter `c` (GP) counts `event` with INT and overflows
     /// on the `period`-th event (legacy PMC writes sign-extend bit 31).
     fn arm_pmi(c: u32, event: u64, period: u64) {
@@ -333,7 +230,7 @@ mod pmu {
 
         for n in [1u64, 1000, 100_000] {
             program(OS | USR);
-            counted_loop(ALL, n);
+            counted_loop(global(ALL), GLOBAL_CTRL, n);
             let (insns, branches, fixed) = counts();
             t.eq("loop.instructions", (n, insns), (n, 2 * n + 5));
             t.eq("loop.branches", (n, branches), (n, n));
@@ -342,13 +239,13 @@ mod pmu {
 
         // GLOBAL_CTRL gates each counter; USR-only counts nothing at CPL 0.
         program(OS | USR);
-        counted_loop(1 << 32, 100);
+        counted_loop(global(1 << 32), GLOBAL_CTRL, 100);
         t.eq("global-ctrl.gates", counts(), (0, 0, 205));
         program(USR);
-        counted_loop(ALL, 100);
+        counted_loop(global(ALL), GLOBAL_CTRL, 100);
         t.eq("usr-only.at-cpl0", counts(), (0, 0, 205));
         program(OS);
-        counted_loop(ALL, 100);
+        counted_loop(global(ALL), GLOBAL_CTRL, 100);
         t.eq("os-only.at-cpl0", counts(), (205, 100, 205));
 
         // RDPMC reads the count before itself (the enabling WRMSR and the
@@ -386,7 +283,7 @@ mod pmu {
         set_lapic_reg(SVR, 0x1ff);
         let (n0, _) = nmis();
         arm_pmi(0, INSNS, 10);
-        let sled = nop_sled(1);
+        let sled = nop_sled(global(1), GLOBAL_CTRL);
         let (n1, rip) = nmis();
         t.eq("pmi.instructions.count", n1 - n0, 1);
         t.eq("pmi.instructions.zero-skid", rip.wrapping_sub(sled), 9);
@@ -408,7 +305,7 @@ mod pmu {
         // the loop head right after it.
         let (n0, _) = nmis();
         arm_pmi(1, BRANCHES, 5);
-        let head = branch_loop(2, 20);
+        let head = branch_loop(global(2), GLOBAL_CTRL, 20);
         let (n1, rip) = nmis();
         t.eq("pmi.branches.count", n1 - n0, 1);
         t.eq("pmi.branches.zero-skid", rip, head);
@@ -449,7 +346,7 @@ mod pmu {
         let (n0, _) = nmis();
         arm_pmi(0, INSNS, 10);
         set_lapic_reg(LVTPC, LVT_NMI | LVT_MASKED);
-        nop_sled(1);
+        nop_sled(global(1), GLOBAL_CTRL);
         t.eq("pmi.masked.count", nmis().0 - n0, 0);
         t.eq("pmi.masked.status", rd(GLOBAL_STATUS), 1);
         wr(GLOBAL_CTRL, 0);
@@ -495,7 +392,7 @@ mod pmu {
         wr(EVTSEL0 + 1, EN | OS | USR | INT | BRANCHES);
         wr(PMC0 + 1, 1u64.wrapping_neg() & 0xffff_ffff);
         set_lapic_reg(LVTPC, LVT_NMI);
-        branch_loop(0b11, 1000);
+        branch_loop(global(0b11), GLOBAL_CTRL, 1000);
         t.eq("storm.one-nmi", nmis().0 - n0, 1);
         t.eq("storm.status", rd(GLOBAL_STATUS), 0b11);
         wr(GLOBAL_OVF_CTRL, 0b11);

@@ -1,0 +1,118 @@
+//! x86 PMU test helpers shared by the PMU guests: the MSRs, and code
+//! sequences whose retired instructions and branches are known exactly.
+//!
+//! Each sequence starts counting with one WRMSR (`start`: which MSR, what
+//! value; it counts, as KVM counts the instructions it emulates once a
+//! counter counts), runs its body, then executes three instructions (`mov
+//! ecx`, `xor eax`, `xor edx`) and a WRMSR that writes 0 to `stop` (which
+//! does not count: nothing counts when it retires).
+
+use core::arch::asm;
+
+use crate::arch;
+
+/// Intel IA32_PMC0 (GP counter 0; PMC1 follows).
+pub const PMC0: u32 = 0xc1;
+/// Intel IA32_PERFEVTSEL0.
+pub const EVTSEL0: u32 = 0x186;
+/// Intel IA32_FIXED_CTR0 (instructions retired).
+pub const FIXED_CTR0: u32 = 0x309;
+/// Intel IA32_FIXED_CTR_CTRL.
+pub const FIXED_CTR_CTRL: u32 = 0x38d;
+/// Intel IA32_PERF_GLOBAL_STATUS.
+pub const GLOBAL_STATUS: u32 = 0x38e;
+/// Intel IA32_PERF_GLOBAL_CTRL.
+pub const GLOBAL_CTRL: u32 = 0x38f;
+/// Intel IA32_PERF_GLOBAL_OVF_CTRL.
+pub const GLOBAL_OVF_CTRL: u32 = 0x390;
+/// Event select bits (Intel and AMD): count at CPL > 0, at CPL 0, PMI on
+/// overflow, enable.
+pub const USR: u64 = 1 << 16;
+/// See [`USR`].
+pub const OS: u64 = 1 << 17;
+/// See [`USR`].
+pub const INT: u64 = 1 << 20;
+/// See [`USR`].
+pub const EN: u64 = 1 << 22;
+/// Local APIC: spurious-interrupt vector register, LVT performance counter
+/// register, its NMI delivery mode (100b in bits 10:8) and mask bit.
+pub const SVR: u32 = 0xf0;
+/// See [`SVR`].
+pub const LVTPC: u32 = 0x340;
+/// See [`SVR`].
+pub const LVT_NMI: u32 = 4 << 8;
+/// See [`SVR`].
+pub const LVT_MASKED: u32 = 1 << 16;
+
+/// WRMSR that must succeed.
+pub fn wr(index: u32, value: u64) {
+    arch::wrmsr(index, value).expect("PMU MSR write");
+}
+
+/// RDMSR that must succeed.
+pub fn rd(index: u32) -> u64 {
+    arch::rdmsr(index).expect("PMU MSR read")
+}
+
+/// `mov r8, n` and `dec r8; jnz` n times: 2n + 5 instructions counted with
+/// the start and stop; n branches.
+pub fn counted_loop(start: (u32, u64), stop: u32, n: u64) {
+    branch_loop(start, stop, n);
+}
+
+/// 40 NOPs; returns the first NOP's address.
+pub fn nop_sled(start: (u32, u64), stop: u32) -> u64 {
+    let sled: u64;
+    // SAFETY: as counted_loop.
+    unsafe {
+        asm!(
+            "lea {sled}, [rip + 5f]",
+            "wrmsr",
+            "5:",
+            ".rept 40",
+            "nop",
+            ".endr",
+            "mov ecx, {stop:e}",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            sled = out(reg) sled,
+            stop = in(reg) stop,
+            inout("ecx") start.0 => _,
+            inout("eax") start.1 as u32 => _,
+            inout("edx") (start.1 >> 32) as u32 => _,
+            options(nostack),
+        );
+    }
+    sled
+}
+
+/// [`counted_loop`], returning the loop head's address (where an interrupt
+/// right after a taken JNZ comes back to; the `lea` is before the start).
+pub fn branch_loop(start: (u32, u64), stop: u32, n: u64) -> u64 {
+    let head: u64;
+    // SAFETY: as counted_loop.
+    unsafe {
+        asm!(
+            "lea {head}, [rip + 6f]",
+            "wrmsr",
+            "mov r8, {n}",
+            "6:",
+            "dec r8",
+            "jnz 6b",
+            "mov ecx, {stop:e}",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            n = in(reg) n,
+            stop = in(reg) stop,
+            head = out(reg) head,
+            inout("ecx") start.0 => _,
+            inout("eax") start.1 as u32 => _,
+            inout("edx") (start.1 >> 32) as u32 => _,
+            out("r8") _,
+            options(nostack),
+        );
+    }
+    head
+}
