@@ -477,6 +477,9 @@ impl Vcpu {
             return None;
         }
         Some(self.local(|l| {
+            if let Some(r) = l.pmu.write_quiet(index, value) {
+                return r.map_or(Route::Fault, Route::Handled);
+            }
             // The clock only if a cycle counter counts or may start to.
             let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
             let ev = l.events(&self.shared, cycles);

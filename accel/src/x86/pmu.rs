@@ -864,6 +864,43 @@ impl Pmu {
             .fold(0, |m, w| m | w.bit())
     }
 
+    /// The cheap case of a WRMSR: an Intel event select or counter whose
+    /// counter neither counts before nor after the write. Nothing counts
+    /// differently, so no event totals, sync or engine update are needed;
+    /// Some(Ok) when done here, None to take the full path.
+    pub fn write_quiet(&mut self, index: u32, value: u64) -> Option<Result<(), X86Error>> {
+        if self.config.vendor != Vendor::Intel || self.config.version == 0 {
+            return None;
+        }
+        let gp = self.config.gp() as u32;
+        if (MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + gp).contains(&index) {
+            let i = (index - MSR_IA32_PERFEVTSEL0) as usize;
+            let w = Which::Gp(i);
+            if value & EVTSEL_RESERVED != 0 || self.live.all & w.bit() != 0 {
+                return None;
+            }
+            let old = self.state.evtsel[i];
+            self.state.evtsel[i] = value;
+            if self.counting(w).is_some() {
+                // It starts counting: the full path re-bases it.
+                self.state.evtsel[i] = old;
+                return None;
+            }
+            return Some(Ok(()));
+        }
+        let (w, full) = self.counter_msr(index)?;
+        if self.live.all & w.bit() != 0 {
+            return None;
+        }
+        let v = if full {
+            value
+        } else {
+            value as u32 as i32 as i64 as u64
+        };
+        self.counter_mut(w).value = v & MASK;
+        Some(Ok(()))
+    }
+
     /// WRMSR from the guest, with the events `ev` now. Ok(pmi) carries the
     /// counters that overflowed (and want a PMI) in the sync the write
     /// needed; Err means #GP (KVM's answers in `intel_pmu_set_msr`).
@@ -1457,5 +1494,31 @@ mod tests {
         let mut r = Pmu::new(PmuConfig::amd(true, true, 6));
         r.load(&saved, &e0);
         assert_eq!(r.save(&e0), saved);
+    }
+
+    #[test]
+    fn quiet_writes_change_nothing_that_counts() {
+        let mut p = Pmu::new(PmuConfig::TCG);
+        let e = ev(10, 10);
+        // A disabled select and an idle counter: handled without the engine.
+        assert_eq!(p.write_quiet(0x186, 0xc0), Some(Ok(())));
+        assert_eq!(p.write_quiet(0xc1, 0x8000_0000), Some(Ok(())));
+        assert_eq!(
+            p.read_msr(0xc1, &e),
+            Some(0xffff_8000_0000),
+            "sign-extended"
+        );
+        assert_eq!(p.read_msr(0x186, &e), Some(0xc0));
+        // Reserved bits, a select that starts counting, a counting counter:
+        // the full path (which faults or re-bases).
+        assert_eq!(p.write_quiet(0x186, 1 << 21), None);
+        assert_eq!(p.write_quiet(0x186, INSNS_USR_OS), None);
+        assert_eq!(p.read_msr(0x186, &e), Some(0xc0), "left as it was");
+        p.write_msr(0x186, INSNS_USR_OS, &e).unwrap();
+        assert_eq!(p.write_quiet(0xc1, 5), None);
+        assert_eq!(p.write_quiet(0x187, 0), Some(Ok(())), "another counter");
+        assert_eq!(p.write_quiet(0x38f, 0), None, "controls take the full path");
+        let mut amd = Pmu::new(PmuConfig::amd(true, true, 6));
+        assert_eq!(amd.write_quiet(0xc001_0200, 0), None);
     }
 }
