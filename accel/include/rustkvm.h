@@ -145,8 +145,12 @@ uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
 #define RUSTKVM_EV_INSNS_KERNEL 1
 /** ... branch instructions retired at CPL > 0 ... */
 #define RUSTKVM_EV_BRANCHES_USER 2
-/** ... and at CPL 0. */
+/** ... and at CPL 0 ... */
 #define RUSTKVM_EV_BRANCHES_KERNEL 3
+/** ... arm64: load/store instructions at EL0 ... */
+#define RUSTKVM_EV_MEM_USER 4
+/** ... and at EL1 (x86 does not use these two). */
+#define RUSTKVM_EV_MEM_KERNEL 5
 
 /**
  * Per-vCPU counting state shared by QEMU's generated code and Rust (it
@@ -155,20 +159,28 @@ uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
  */
 typedef struct RustkvmCounting {
     /** Monotonic event totals (RUSTKVM_EV_*), added per translation block. */
-    uint64_t events[4];
+    uint64_t events[6];
     /**
      * Instructions that may retire before a PMI can be due; the generated
      * code subtracts each block's count and calls rustkvm_x86_pmu_due()
      * when it reaches 0. INT64_MAX: no PMI armed.
      */
     int64_t budget;
-    /** The block being entered: its instruction and branch counts. */
+    /** The block being entered: its instruction, branch ... */
     uint32_t tb_insns;
     /** (See tb_insns.) */
     uint32_t tb_branches;
+    /** ... and (arm64) load/store instruction counts. */
+    uint32_t tb_mem;
+    /** (Padding.) */
+    uint32_t reserved;
     /** Nonzero while a counter counts instructions or branches (Rust sets it). */
     uint32_t active;
-    /** Nonzero when a PMI is due (Rust sets it, QEMU delivers and clears it). */
+    /**
+     * x86: nonzero when a PMI is due (Rust sets it, QEMU delivers and clears
+     * it). arm64: the level of the PMU's overflow interrupt (QEMU drives
+     * the interrupt line with it).
+     */
     uint32_t pmi;
     /**
      * When a cycle counter with a PMI may wrap, in QEMU_CLOCK_VIRTUAL ns;
@@ -334,14 +346,30 @@ uint64_t rustkvm_arm_counter_offset(void);
 uint32_t rustkvm_arm_hvc_smc(RustkvmVcpu *vcpu, bool is_smc, uint64_t regs[8]);
 /**
  * MRS of an AArch64 PMU system register, encoded as KVM's sys_reg():
- * op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2. HANDLED fills *value;
- * anything else runs TCG's accessor. (Constant registers are not routed.)
+ * op0 << 14 | op1 << 11 | crn << 7 | crm << 3 | op2, at exception level
+ * `el`. HANDLED fills *value; FAULT: UNDEFINED for the guest; UNHANDLED
+ * (no PMUv3 here) runs TCG's accessor. (Constant registers are not routed.)
  */
 uint32_t rustkvm_arm_pmu_read(RustkvmVcpu *vcpu, uint32_t encoding,
-                              uint64_t *value);
-/** MSR of an AArch64 PMU system register (encoding as for the read). */
+                              uint32_t el, uint64_t *value);
+/**
+ * MSR of an AArch64 PMU system register (encoding as for the read) at
+ * exception level `el`. HANDLED: done (update the engine from `counting`);
+ * FAULT: UNDEFINED for the guest (KVM's answer); UNHANDLED: no PMUv3 here.
+ */
 uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
-                               uint64_t value);
+                               uint32_t el, uint64_t value);
+/**
+ * After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its
+ * event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event
+ * counters) and the counting state in its CPUARMState (reset here).
+ */
+void rustkvm_arm_vcpu_setup(RustkvmVcpu *vcpu, bool pmu, uint32_t counters,
+                            bool v3p5, RustkvmCounting *counting);
+/** As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU. */
+void rustkvm_arm_pmu_due(RustkvmVcpu *vcpu);
+/** PMCEID0_EL0 (n = 0) or PMCEID1_EL0 (n = 1): the events counted. */
+uint64_t rustkvm_arm_pmceid(uint32_t n);
 
 /*
  * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.

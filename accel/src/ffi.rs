@@ -470,10 +470,12 @@ const _: () = {
     assert!(offset_of!(C, budget) == offset_of!(Counting, budget));
     assert!(offset_of!(C, tb_insns) == offset_of!(Counting, tb_insns));
     assert!(offset_of!(C, tb_branches) == offset_of!(Counting, tb_branches));
+    assert!(offset_of!(C, tb_mem) == offset_of!(Counting, tb_mem));
     assert!(offset_of!(C, active) == offset_of!(Counting, active));
     assert!(offset_of!(C, pmi) == offset_of!(Counting, pmi));
     assert!(offset_of!(C, cycles_deadline_ns) == offset_of!(Counting, cycles_deadline_ns));
     assert!(header::RUSTKVM_EV_INSNS_USER == 0 && header::RUSTKVM_EV_BRANCHES_KERNEL == 3);
+    assert!(header::RUSTKVM_EV_MEM_USER == 4 && header::RUSTKVM_EV_MEM_KERNEL == 5);
     assert!(header::RUSTKVM_PMU_NONE == crate::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::vcpu::PMU_INTEL);
     assert!(header::RUSTKVM_PMU_FULL_WIDTH == crate::vcpu::PMU_FULL_WIDTH);
@@ -676,12 +678,13 @@ pub unsafe extern "C" fn rustkvm_arm_counter_offset() -> u64 {
 pub unsafe extern "C" fn rustkvm_arm_pmu_read(
     vcpu: *mut RustkvmVcpu,
     encoding: u32,
+    el: u32,
     value: *mut u64,
 ) -> u32 {
     // SAFETY: forwarded caller contract.
     match unsafe { vcpu_ref(vcpu) } {
         // SAFETY: forwarded caller contract.
-        Some(v) => finish(v.pmu_read(encoding), unsafe { store_out(value) }),
+        Some(v) => finish(v.pmu_read(encoding, el), unsafe { store_out(value) }),
         None => header::RUSTKVM_UNHANDLED,
     }
 }
@@ -694,12 +697,51 @@ pub unsafe extern "C" fn rustkvm_arm_pmu_read(
 pub unsafe extern "C" fn rustkvm_arm_pmu_write(
     vcpu: *mut RustkvmVcpu,
     encoding: u32,
+    el: u32,
     value: u64,
 ) -> u32 {
     // SAFETY: forwarded caller contract.
     match unsafe { vcpu_ref(vcpu) } {
-        Some(v) => finish(v.pmu_write(encoding, value), |()| ()),
+        Some(v) => finish(v.pmu_write(encoding, el, value), |()| ()),
         None => header::RUSTKVM_UNHANDLED,
+    }
+}
+
+/// AArch64 vCPU setup after reset.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `counting` is NULL or points into the
+/// vCPU's CPUARMState, touched only from its thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_vcpu_setup(
+    vcpu: *mut RustkvmVcpu,
+    pmu: bool,
+    counters: u32,
+    v3p5: bool,
+    counting: *mut header::RustkvmCounting,
+) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        let n = pmu.then(|| counters.min(31) as u8);
+        v.arm_setup(n, v3p5, counting.cast::<Counting>());
+    }
+}
+
+/// PMCEID0/1_EL0 of rustkvm's PMUv3 (any thread).
+#[unsafe(no_mangle)]
+pub extern "C" fn rustkvm_arm_pmceid(n: u32) -> u64 {
+    crate::arm::pmu::pmceid()[(n & 1) as usize]
+}
+
+/// The PMI budget ran out (AArch64 vCPU thread).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_due(vcpu: *mut RustkvmVcpu) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.pmu_due();
     }
 }
 
@@ -808,12 +850,12 @@ mod tests {
                 header::RUSTKVM_UNHANDLED
             );
             assert_eq!(
-                rustkvm_arm_pmu_read(v0, 0xdce0, &mut val),
+                rustkvm_arm_pmu_read(v0, 0xdce0, 1, &mut val),
                 header::RUSTKVM_UNHANDLED
             );
             assert_eq!(val, 0xdead);
             assert_eq!(
-                rustkvm_arm_pmu_write(v0, 0xdce0, 1),
+                rustkvm_arm_pmu_write(v0, 0xdce0, 1, 1),
                 header::RUSTKVM_UNHANDLED
             );
             // KICK_CPU(flags 0, APIC ID 3): RAX 5, RBX 0, RCX 3.

@@ -134,6 +134,8 @@ pub struct VcpuState {
 struct Local {
     /// x86 PMU registers.
     pmu: Pmu,
+    /// arm64 PMUv3 registers.
+    arm_pmu: crate::arm::pmu::Pmu,
     /// Unhalted cycles: VM nanoseconds spent in guest code (PMU only) ...
     unhalted_ns: u64,
     /// ... and when the current stretch began (VM ns; 0: not in guest code).
@@ -146,6 +148,10 @@ impl Default for Local {
     fn default() -> Self {
         Local {
             pmu: Pmu::default(),
+            arm_pmu: crate::arm::pmu::Pmu::new(crate::arm::pmu::PmuConfig {
+                counters: None,
+                v3p5: false,
+            }),
             unhalted_ns: 0,
             run_since_ns: 0,
             counting: std::ptr::null_mut(),
@@ -175,19 +181,46 @@ impl Local {
         unsafe { self.counting.as_mut() }
     }
 
+    /// Unhalted cycles so far, at the guest TSC rate.
+    fn cycles(&self, shared: &Shared) -> u64 {
+        let mut ns = self.unhalted_ns;
+        if self.run_since_ns != 0 {
+            ns += shared.virtual_ns().saturating_sub(self.run_since_ns);
+        }
+        shared.tsc_rate().ticks(ns)
+    }
+
+    /// The arm64 PMU's event totals now.
+    fn arm_events(&mut self, shared: &Shared) -> crate::arm::pmu::Events {
+        let cycles = self.cycles(shared);
+        let e = self.counting().map_or([0; 6], |c| c.events);
+        crate::arm::pmu::Events {
+            instructions: [e[0], e[1]],
+            branches: [e[2], e[3]],
+            mem_accesses: [e[4], e[5]],
+            cycles,
+        }
+    }
+
+    /// Tell the engine what the arm64 PMU needs now: whether blocks count,
+    /// the next PMI budget, the interrupt's level.
+    fn arm_publish(&mut self, ev: &crate::arm::pmu::Events, irq: bool) {
+        let (active, budget) = (
+            self.arm_pmu.counts_retired(),
+            self.arm_pmu.until_overflow(ev),
+        );
+        if let Some(c) = self.counting() {
+            c.active = u32::from(active);
+            c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+            c.pmi = u32::from(irq);
+        }
+    }
+
     /// The PMU's event totals now. Cycles need the VM clock, which costs
     /// more than the rest: they are 0 unless `cycles` (a counter counts
     /// them, or may start to with the access at hand).
     fn events(&mut self, shared: &Shared, cycles: bool) -> Events {
-        let cycles = if cycles {
-            let mut ns = self.unhalted_ns;
-            if self.run_since_ns != 0 {
-                ns += shared.virtual_ns().saturating_sub(self.run_since_ns);
-            }
-            shared.tsc_rate().ticks(ns)
-        } else {
-            0
-        };
+        let cycles = if cycles { self.cycles(shared) } else { 0 };
         self.counting().map_or(
             Events {
                 cycles,
@@ -352,7 +385,7 @@ impl Vcpu {
                 .store(crate::host::current_tid(), Ordering::Relaxed);
         }
         self.local(|l| {
-            if l.pmu.config.version != 0 {
+            if l.pmu.config.version != 0 || l.arm_pmu.present() {
                 l.run_since_ns = self.shared.virtual_ns().max(1);
             }
         });
@@ -499,6 +532,14 @@ impl Vcpu {
 
     /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
     pub fn pmu_due(&self) {
+        if self.arch == Arch::Aarch64 {
+            self.local(|l| {
+                let ev = l.arm_events(&self.shared);
+                let irq = l.arm_pmu.sync(&ev).irq;
+                l.arm_publish(&ev, irq);
+            });
+            return;
+        }
         self.local(|l| {
             let ev = l.events(&self.shared, l.pmu.counts_cycles());
             let pmi = l.pmu.sync(&ev);
@@ -774,15 +815,57 @@ impl Vcpu {
     }
 
     /// MRS of a PMU system register (KVM `sys_reg()` encoding).
-    pub fn pmu_read(&self, _encoding: u32) -> Route<u64> {
+    pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
         bump(&self.routes.pmu_read);
-        Route::Unhandled
+        let Some(reg) = crate::arm::pmu::PmuReg::decode(encoding) else {
+            return Route::Unhandled;
+        };
+        self.local(|l| {
+            if !l.arm_pmu.present() {
+                return Route::Unhandled;
+            }
+            let ev = l.arm_events(&self.shared);
+            match l.arm_pmu.read(reg, el.min(1) as u8, &ev) {
+                Ok(v) => Route::Handled(v),
+                Err(_) => Route::Fault,
+            }
+        })
     }
 
-    /// MSR of a PMU system register (KVM `sys_reg()` encoding).
-    pub fn pmu_write(&self, _encoding: u32, _value: u64) -> Route<()> {
+    /// MSR of a PMU system register (KVM `sys_reg()` encoding) at `el`.
+    pub fn pmu_write(&self, encoding: u32, el: u32, value: u64) -> Route<()> {
         bump(&self.routes.pmu_write);
-        Route::Unhandled
+        let Some(reg) = crate::arm::pmu::PmuReg::decode(encoding) else {
+            return Route::Unhandled;
+        };
+        self.local(|l| {
+            if !l.arm_pmu.present() {
+                return Route::Unhandled;
+            }
+            let ev = l.arm_events(&self.shared);
+            match l.arm_pmu.write(reg, value, el.min(1) as u8, &ev) {
+                Ok(fx) => {
+                    l.arm_publish(&ev, fx.irq);
+                    Route::Handled(())
+                }
+                Err(_) => Route::Fault,
+            }
+        })
+    }
+
+    /// arm64, after each reset: the vCPU's PMUv3 (None: none; Some(n): n
+    /// event counters), PMUv3p5, and the counting engine's state (reset).
+    pub fn arm_setup(&self, counters: Option<u8>, v3p5: bool, counting: *mut Counting) {
+        self.local(|l| {
+            *l = Local {
+                arm_pmu: crate::arm::pmu::Pmu::new(crate::arm::pmu::PmuConfig { counters, v3p5 }),
+                counting,
+                ..Local::default()
+            };
+            if let Some(c) = l.counting() {
+                *c = Counting::default();
+            }
+        });
     }
 }
 
@@ -879,15 +962,15 @@ mod tests {
             Route::Unhandled,
             "PSCI_VERSION is QEMU's"
         );
-        assert_eq!(a.pmu_read(0xdce0), Route::Unhandled);
-        assert_eq!(a.pmu_write(0xdce0, 1), Route::Unhandled);
+        assert_eq!(a.pmu_read(0xdce0, 1), Route::Unhandled, "no PMUv3 set up");
+        assert_eq!(a.pmu_write(0xdce0, 1, 1), Route::Unhandled);
     }
 
     #[test]
     fn the_pmu_reads_the_engines_totals_and_publishes_what_it_needs() {
         let v = Vcpu::new(0, Arch::X86_64);
         let mut c = Box::new(Counting {
-            events: [7; 4],
+            events: [7; 6],
             budget: 3,
             ..Counting::default()
         });
@@ -960,6 +1043,49 @@ mod tests {
         assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0));
         assert_eq!(v.rdmsr(0xc001_0200), Route::Fault);
         assert_eq!(v.rdpmc(4), Route::Fault);
+    }
+
+    #[test]
+    fn the_arm64_pmu_reads_the_engines_totals_and_drives_the_interrupt_level() {
+        use crate::arm::pmu::{evtyper, pmcr};
+        let v = Vcpu::new(0, Arch::Aarch64);
+        let mut c = Box::new(Counting::default());
+        v.arm_setup(Some(6), true, &mut *c);
+        // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
+        // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
+        let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =
+            (0xdce0, 0xdce1, 0xdce2, 0xc4f1, 0xc4f2, 0xdce3);
+        let (evtyper0, evcntr0) = (0xdf60, 0xdf40);
+        for (reg, value) in [
+            (cntenclr, u64::MAX),
+            (intenclr, u64::MAX),
+            (ovsclr, u64::MAX),
+        ] {
+            assert_eq!(v.pmu_write(reg, 1, value), Route::Handled(()));
+        }
+        assert_eq!(
+            v.pmu_write(evtyper0, 1, evtyper::P | 0x08),
+            Route::Handled(())
+        );
+        assert_eq!(v.pmu_write(evcntr0, 1, 0xffff_fff0), Route::Handled(()));
+        assert_eq!(v.pmu_write(cntenset, 1, 1), Route::Handled(()));
+        assert_eq!(v.pmu_write(intenset, 1, 1), Route::Handled(()));
+        assert_eq!(c.active, 0, "PMCR.E is 0");
+        assert_eq!(v.pmu_write(pmcr_el0, 1, pmcr::E), Route::Handled(()));
+        assert_eq!((c.active, c.budget, c.pmi), (1, 16, 0));
+        c.events[0] += 10; // EL0 instructions count (P excludes EL1)
+        c.events[1] += 99;
+        assert_eq!(v.pmu_read(evcntr0, 1), Route::Handled(0xffff_fffa));
+        c.events[0] += 6;
+        v.pmu_due();
+        assert_eq!(c.pmi, 1, "overflow with its interrupt enabled: level high");
+        assert_eq!(
+            v.pmu_read(pmcr_el0, 0),
+            Route::Fault,
+            "EL0 needs PMUSERENR.EN"
+        );
+        assert_eq!(v.pmu_write(ovsclr, 1, 1), Route::Handled(()));
+        assert_eq!(c.pmi, 0, "level low again");
     }
 
     #[test]

@@ -232,8 +232,9 @@ pub fn kvm_reads_as_zero(index: u32) -> bool {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counting {
-    /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0, CPL 0.
-    pub events: [u64; 4],
+    /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0,
+    /// CPL 0; (arm64) load/store instructions at EL0, EL1.
+    pub events: [u64; 6],
     /// Instructions that may retire before a PMI can be due (`i64::MAX`:
     /// none armed); the engine calls back when it reaches 0.
     pub budget: i64,
@@ -241,6 +242,10 @@ pub struct Counting {
     pub tb_insns: u32,
     /// The block being entered: its branch count (engine-owned).
     pub tb_branches: u32,
+    /// The block being entered: its load/store count (engine-owned, arm64).
+    pub tb_mem: u32,
+    /// Padding.
+    pub reserved: u32,
     /// Nonzero while a counter counts instructions or branches: the
     /// engine then translates counting blocks.
     pub active: u32,
@@ -254,10 +259,12 @@ pub struct Counting {
 impl Default for Counting {
     fn default() -> Self {
         Counting {
-            events: [0; 4],
+            events: [0; 6],
             budget: i64::MAX,
             tb_insns: 0,
             tb_branches: 0,
+            tb_mem: 0,
+            reserved: 0,
             active: 0,
             pmi: 0,
             cycles_deadline_ns: -1,
@@ -1313,7 +1320,7 @@ mod tests {
             .unwrap();
         c.publish(&p, &e, 0);
         assert_eq!((c.active, c.budget), (1, 100));
-        c.events = [0, 400, 0, 100];
+        c.events = [0, 400, 0, 100, 0, 0];
         let e = c.events(0);
         let pmi = p.sync(&e);
         assert_eq!(pmi, 2, "counter 1 wrapped with INT");

@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=aarch64
+//! rustkvm-test: arch=aarch64 vary=pmcr.imp_idcode
 //!
 //! Touches the AArch64 PMU system registers rustkvm routes into Rust
 //! (PMCR, PMSELR/PMXEVTYPER/PMXEVCNTR, PMEVTYPER0/PMEVCNTR0, PMCNTENSET/CLR,
