@@ -174,7 +174,10 @@ typedef struct RustkvmCounting {
     uint32_t tb_mem;
     /** (Padding.) */
     uint32_t reserved;
-    /** Nonzero while a counter counts instructions or branches (Rust sets it). */
+    /**
+     * Nonzero while a counter counts instructions or branches (Rust sets
+     * it); arm64: bit 1 also when one counts memory accesses.
+     */
     uint32_t active;
     /**
      * x86: nonzero when a PMI is due (Rust sets it, QEMU delivers and clears

@@ -206,11 +206,11 @@ impl Local {
     /// the next PMI budget, the interrupt's level.
     fn arm_publish(&mut self, ev: &crate::arm::pmu::Events, irq: bool) {
         let (active, budget) = (
-            self.arm_pmu.counts_retired(),
+            u32::from(self.arm_pmu.counts_retired()) | u32::from(self.arm_pmu.counts_mem()) << 1,
             self.arm_pmu.until_overflow(ev),
         );
         if let Some(c) = self.counting() {
-            c.active = u32::from(active);
+            c.active = active;
             c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
             c.pmi = u32::from(irq);
         }

@@ -484,6 +484,13 @@ impl Pmu {
         })
     }
 
+    /// Whether some enabled counter counts memory accesses (the engine
+    /// must count load/store instructions too).
+    pub fn counts_mem(&self) -> bool {
+        (0..self.config.n())
+            .any(|i| self.enabled(i) && self.source(i) == Source::Totals(Counted::MemAccesses))
+    }
+
     /// Instructions that may retire before a counter counting instructions,
     /// branches or memory accesses (at most one each per instruction)
     /// overflows with its interrupt enabled; None if none does.
