@@ -18,9 +18,9 @@
 //! Where this follows current KVM rather than older releases (the overflow
 //! interrupt without PMCNTENSET, software CHAIN), the function says so.
 //!
-//! Status: the model is complete for the register interface and
-//! unit-tested; the TCG counting engine for AArch64 and the interrupt are
-//! the next step (issue 7), so the accelerator does not use it yet.
+//! QEMU's AArch64 counting engine (patch 0021) keeps the totals; the
+//! accelerator routes every PMU system register here (`Vcpu::pmu_read`,
+//! `pmu_write`) and drives the PMU interrupt line with [`Pmu::irq_level`].
 
 use thiserror::Error;
 
