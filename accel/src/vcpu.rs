@@ -265,9 +265,9 @@ pub const PMU_INTEL: u32 = 1;
 pub const PMU_AMD: u32 = 2;
 /// With PDCM: IA32_PERF_CAPABILITIES, full-width writes.
 pub const PMU_FULL_WIDTH: u32 = 0x100;
-/// AMD PerfCtrExtCore (CPUID 0x80000001 ECX[23]).
+/// AMD PerfCtrExtCore (CPUID 0x80000001 ECX bit 23).
 pub const PMU_PERFCTR_CORE: u32 = 0x200;
-/// AMD PerfMonV2 (CPUID 0x80000022 EAX[0]).
+/// AMD PerfMonV2 (CPUID 0x80000022 EAX bit 0).
 pub const PMU_PERFMON_V2: u32 = 0x400;
 
 /// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
@@ -814,9 +814,13 @@ impl Vcpu {
         s.pvtime.active = u8::from(active && s.pvtime.available());
     }
 
-    /// MRS of a PMU system register (KVM `sys_reg()` encoding).
-    pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
-        bump(&self.routes.pmu_read);
+    /// An access to the arm64 PMU register `encoding` (KVM `sys_reg()`):
+    /// Unhandled unless it is one and the vCPU has PMUv3.
+    fn arm_pmu_access<T>(
+        &self,
+        encoding: u32,
+        f: impl FnOnce(&mut Local, crate::arm::pmu::PmuReg, &crate::arm::pmu::Events) -> Route<T>,
+    ) -> Route<T> {
         let Some(reg) = crate::arm::pmu::PmuReg::decode(encoding) else {
             return Route::Unhandled;
         };
@@ -825,27 +829,27 @@ impl Vcpu {
                 return Route::Unhandled;
             }
             let ev = l.arm_events(&self.shared);
-            match l.arm_pmu.read(reg, el.min(1) as u8, &ev) {
-                Ok(v) => Route::Handled(v),
-                Err(_) => Route::Fault,
-            }
+            f(l, reg, &ev)
+        })
+    }
+
+    /// MRS of a PMU system register (KVM `sys_reg()` encoding) at `el`.
+    pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
+        bump(&self.routes.pmu_read);
+        self.arm_pmu_access(encoding, |l, reg, ev| {
+            l.arm_pmu
+                .read(reg, el.min(1) as u8, ev)
+                .map_or(Route::Fault, Route::Handled)
         })
     }
 
     /// MSR of a PMU system register (KVM `sys_reg()` encoding) at `el`.
     pub fn pmu_write(&self, encoding: u32, el: u32, value: u64) -> Route<()> {
         bump(&self.routes.pmu_write);
-        let Some(reg) = crate::arm::pmu::PmuReg::decode(encoding) else {
-            return Route::Unhandled;
-        };
-        self.local(|l| {
-            if !l.arm_pmu.present() {
-                return Route::Unhandled;
-            }
-            let ev = l.arm_events(&self.shared);
-            match l.arm_pmu.write(reg, value, el.min(1) as u8, &ev) {
+        self.arm_pmu_access(encoding, |l, reg, ev| {
+            match l.arm_pmu.write(reg, value, el.min(1) as u8, ev) {
                 Ok(fx) => {
-                    l.arm_publish(&ev, fx.irq);
+                    l.arm_publish(ev, fx.irq);
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,

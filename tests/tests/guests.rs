@@ -629,13 +629,11 @@ fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
     }
 }
 
-#[test]
-fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
-    let _serial = serial();
-    // The guest asserts the counts; here: it ran (not skipped) under
-    // rustkvm in every variant, and stock TCG has no PMU to offer.
+/// `name` passes under rustkvm in every variant (its serial shows `check`
+/// passing) and SKIPs under stock TCG, which lacks the feature.
+fn passes_under_rustkvm_and_skips_under_tcg(name: &str, arch: Arch, check: &str) {
     for variant in Variant::ALL {
-        let r = run_one("x86-pmu", Arch::X86_64, variant);
+        let r = run_one(name, arch, variant);
         assert_eq!(
             r.outcome.status,
             Status::Pass,
@@ -643,26 +641,28 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
             r.outcome.serial
         );
         assert!(
-            r.outcome.serial.contains("ok pmi.instructions.zero-skid"),
+            r.outcome.serial.contains(&format!("ok {check}")),
             "{}",
             r.outcome.serial
         );
     }
-    // Eight vCPUs with their own PMUs: never backwards, exact each.
-    let smp = run_one("x86-pmu-smp", Arch::X86_64, Variant::Default);
-    assert_eq!(smp.outcome.status, Status::Pass, "{}", smp.outcome.serial);
-    let tcg = run::run(
-        &find_test("x86-pmu"),
-        Arch::X86_64,
-        Variant::Default,
-        Backend::Tcg,
-    )
-    .expect("ran");
+    let tcg = run::run(&find_test(name), arch, Variant::Default, Backend::Tcg).expect("ran");
     assert!(
         matches!(tcg.outcome.status, Status::Skip(_)),
         "{:?}",
         tcg.outcome.status
     );
+}
+
+#[test]
+fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
+    let _serial = serial();
+    // The guest asserts the counts; here: it ran (not skipped) under
+    // rustkvm in every variant, and stock TCG has no PMU to offer.
+    passes_under_rustkvm_and_skips_under_tcg("x86-pmu", Arch::X86_64, "pmi.instructions.zero-skid");
+    // Eight vCPUs with their own PMUs: never backwards, exact each.
+    let smp = run_one("x86-pmu-smp", Arch::X86_64, Variant::Default);
+    assert_eq!(smp.outcome.status, Status::Pass, "{}", smp.outcome.serial);
     // KVM's default is 4 GP counters; -accel rustkvm,pmu-counters=N (1..8)
     // changes it, and everything above still holds with 2 and with 8.
     assert_eq!(
@@ -754,32 +754,6 @@ fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
 #[test]
 fn arm64_pmuv3_counts_exactly_without_icount_under_rustkvm_only() {
     let _serial = serial();
-    // The guest asserts the counts; here: it ran (not skipped) under
-    // rustkvm in every variant, and TCG's PMU skips it without -icount.
-    for variant in Variant::ALL {
-        let r = run_one("arm-pmu", Arch::Aarch64, variant);
-        assert_eq!(
-            r.outcome.status,
-            Status::Pass,
-            "{variant}: {}",
-            r.outcome.serial
-        );
-        assert!(
-            r.outcome.serial.contains("ok loop.instructions"),
-            "{}",
-            r.outcome.serial
-        );
-    }
-    let tcg = run::run(
-        &find_test("arm-pmu"),
-        Arch::Aarch64,
-        Variant::Default,
-        Backend::Tcg,
-    )
-    .expect("ran");
-    assert!(
-        matches!(tcg.outcome.status, Status::Skip(_)),
-        "{:?}",
-        tcg.outcome.status
-    );
+    // The guest asserts the counts; TCG's PMU skips it without -icount.
+    passes_under_rustkvm_and_skips_under_tcg("arm-pmu", Arch::Aarch64, "loop.instructions");
 }

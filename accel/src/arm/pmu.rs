@@ -48,7 +48,7 @@ pub mod pmcr {
     pub const N_SHIFT: u32 = 11;
 }
 
-/// PMEVTYPER<n>_EL0 / PMCCFILTR_EL0 bits.
+/// PMEVTYPER`<n>`_EL0 / PMCCFILTR_EL0 bits.
 pub mod evtyper {
     /// Do not count at EL1.
     pub const P: u64 = 1 << 31;
@@ -131,9 +131,9 @@ pub enum PmuReg {
     IntenClr,
     /// PMOVSSET_EL0.
     OvsSet,
-    /// PMEVCNTR<n>_EL0.
+    /// PMEVCNTR`<n>`_EL0.
     Evcntr(u8),
-    /// PMEVTYPER<n>_EL0 (n = 31: PMCCFILTR_EL0).
+    /// PMEVTYPER`<n>`_EL0 (n = 31: PMCCFILTR_EL0).
     Evtyper(u8),
 }
 

@@ -340,7 +340,7 @@ pub struct PmuConfig {
     pub gp: u8,
     /// Intel: IA32_PERF_CAPABILITIES offers FW_WRITE (full-width writes).
     pub full_width_writes: bool,
-    /// AMD: PerfCtrExtCore (CPUID 0x80000001 ECX[23]), the 0xC0010200 MSRs.
+    /// AMD: PerfCtrExtCore (CPUID 0x80000001 ECX bit 23), the 0xC0010200 MSRs.
     pub perfctr_core: bool,
 }
 
@@ -390,7 +390,7 @@ impl PmuConfig {
         }
     }
     /// What rustkvm gives `-cpu <Intel model>,pmu=on`: KVM's default without
-    /// PERF_CAPABILITIES, since TCG does not offer PDCM (CPUID.1:ECX[15]),
+    /// PERF_CAPABILITIES, since TCG does not offer PDCM (CPUID.1:ECX bit 15),
     /// and KVM then zeroes the guest's perf capabilities.
     pub const TCG: PmuConfig = PmuConfig {
         full_width_writes: false,
