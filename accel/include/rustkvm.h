@@ -375,6 +375,22 @@ void rustkvm_arm_pmu_due(RustkvmVcpu *vcpu);
 uint64_t rustkvm_arm_pmceid(uint32_t n);
 
 /*
+ * arm64 PMU state QEMU saves (vmstate subsection cpu/rustkvm-pmu):
+ * PMCR_EL0, PMCNTENSET, PMINTENSET, PMOVSSET, PMSELR, PMUSERENR, the 32
+ * PMEVTYPER<n>/PMCCFILTR and the 32 counter values (n = 31: PMCCNTR).
+ */
+#define RUSTKVM_ARM_PMU_REGS 70
+/** Whether the vCPU has rustkvm's PMUv3 (its state then needs saving). */
+bool rustkvm_arm_pmu_present(RustkvmVcpu *vcpu);
+/** Copy the PMU registers out (counter values as of now). */
+void rustkvm_arm_pmu_save(RustkvmVcpu *vcpu, uint64_t *regs);
+/**
+ * Take them back after a load (values KVM would not hold are masked); the
+ * counters continue from their saved values. Update the engine after.
+ */
+void rustkvm_arm_pmu_load(RustkvmVcpu *vcpu, const uint64_t *regs);
+
+/*
  * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.
  * rustkvm_enabled() is true once -accel rustkvm has initialised the machine;
  * tcg_enabled() is true as well, since rustkvm is a TCG subclass.

@@ -733,6 +733,47 @@ pub extern "C" fn rustkvm_arm_pmceid(n: u32) -> u64 {
     crate::arm::pmu::pmceid()[(n & 1) as usize]
 }
 
+/// Whether the AArch64 vCPU has rustkvm's PMUv3.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_present(vcpu: *mut RustkvmVcpu) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu) }.is_some_and(Vcpu::arm_pmu_present)
+}
+
+/// Save the AArch64 PMU registers.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `regs` is NULL or has
+/// RUSTKVM_ARM_PMU_REGS slots; the vCPU is stopped.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_save(vcpu: *mut RustkvmVcpu, regs: *mut u64) {
+    // SAFETY: forwarded caller contract (the slot count is the header's).
+    let out = unsafe { regs.cast::<[u64; crate::arm::pmu::SAVED_REGS]>().as_mut() };
+    // SAFETY: forwarded caller contract.
+    if let (Some(v), Some(out)) = (unsafe { vcpu_ref(vcpu) }, out) {
+        *out = v.arm_pmu_save();
+    }
+}
+
+/// Load the AArch64 PMU registers.
+///
+/// # Safety
+/// As [`rustkvm_arm_pmu_save`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_load(vcpu: *mut RustkvmVcpu, regs: *const u64) {
+    // SAFETY: forwarded caller contract (the slot count is the header's).
+    let regs = unsafe { regs.cast::<[u64; crate::arm::pmu::SAVED_REGS]>().as_ref() };
+    // SAFETY: forwarded caller contract.
+    if let (Some(v), Some(regs)) = (unsafe { vcpu_ref(vcpu) }, regs) {
+        v.arm_pmu_load(regs);
+    }
+}
+
+const _: () = assert!(header::RUSTKVM_ARM_PMU_REGS as usize == crate::arm::pmu::SAVED_REGS);
+
 /// The PMI budget ran out (AArch64 vCPU thread).
 ///
 /// # Safety

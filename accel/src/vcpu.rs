@@ -857,6 +857,28 @@ impl Vcpu {
         })
     }
 
+    /// Whether the vCPU has rustkvm's arm64 PMUv3.
+    pub fn arm_pmu_present(&self) -> bool {
+        self.local(|l| l.arm_pmu.present())
+    }
+
+    /// The arm64 PMU registers to save (the vCPU is stopped).
+    pub fn arm_pmu_save(&self) -> [u64; crate::arm::pmu::SAVED_REGS] {
+        self.local(|l| {
+            let ev = l.arm_events(&self.shared);
+            l.arm_pmu.save_regs(&ev)
+        })
+    }
+
+    /// Load saved arm64 PMU registers (the vCPU is stopped).
+    pub fn arm_pmu_load(&self, regs: &[u64; crate::arm::pmu::SAVED_REGS]) {
+        self.local(|l| {
+            let ev = l.arm_events(&self.shared);
+            let irq = l.arm_pmu.load_regs(regs, &ev).irq;
+            l.arm_publish(&ev, irq);
+        });
+    }
+
     /// arm64, after each reset: the vCPU's PMUv3 (None: none; Some(n): n
     /// event counters), PMUv3p5, and the counting engine's state (reset).
     pub fn arm_setup(&self, counters: Option<u8>, v3p5: bool, counting: *mut Counting) {

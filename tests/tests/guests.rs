@@ -757,3 +757,13 @@ fn arm64_pmuv3_counts_exactly_without_icount_under_rustkvm_only() {
     // The guest asserts the counts; TCG's PMU skips it without -icount.
     passes_under_rustkvm_and_skips_under_tcg("arm-pmu", Arch::Aarch64, "loop.instructions");
 }
+
+#[test]
+fn arm64_pmu_counters_survive_migration_exactly() {
+    let _serial = serial();
+    let serial = migrate_midway(Arch::Aarch64, "arm-pmu-migrate", Variant::Default, 1);
+    for check in ["pmevcntr0.instructions", "pmevcntr1.branches", "pmcr.e"] {
+        assert!(serial.contains(&format!("ok {check}")), "{serial}");
+    }
+    assert!(!serial.contains("not ok"), "{serial}");
+}

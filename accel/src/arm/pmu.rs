@@ -100,6 +100,9 @@ pub const MAX_COUNTERS: usize = 31;
 /// per register: a KVM guest sees these values before it programs the PMU.
 pub const RESET_UNKNOWN: u64 = 0x1de7_ec7e_dbad_c0de;
 
+/// How many registers [`Pmu::save_regs`] saves (`RUSTKVM_ARM_PMU_REGS`).
+pub const SAVED_REGS: usize = 70;
+
 /// A PMU system register, decoded from its `sys_reg()` encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PmuReg {
@@ -653,6 +656,53 @@ impl Pmu {
         Ok(self.effects())
     }
 
+    /// The registers to save (`RUSTKVM_ARM_PMU_REGS`): PMCR_EL0,
+    /// PMCNTENSET, PMINTENSET, PMOVSSET, PMSELR, PMUSERENR, the 32 event
+    /// types (31: PMCCFILTR), the 32 counter values (31: PMCCNTR) now.
+    pub fn save_regs(&self, ev: &Events) -> [u64; SAVED_REGS] {
+        let mut r = [0; SAVED_REGS];
+        r[..6].copy_from_slice(&[
+            self.pmcr,
+            self.cnten,
+            self.inten,
+            self.ovs | self.pending_ovs(ev),
+            self.selr,
+            self.userenr,
+        ]);
+        r[6..38].copy_from_slice(&self.evtyper);
+        for (i, v) in r[38..].iter_mut().enumerate() {
+            *v = if self.exists(i) { self.value(i, ev) } else { 0 };
+        }
+        r
+    }
+
+    /// Load saved registers (loadvm, incoming migration) with the totals
+    /// `ev` now: counters continue from their saved values; what this PMU
+    /// cannot hold is masked as a guest write would be.
+    pub fn load_regs(&mut self, r: &[u64; SAVED_REGS], ev: &Events) -> Effects {
+        let m = self.config.mask();
+        let mut pmcr = r[0] & pmcr::MASK & !(pmcr::P | pmcr::C);
+        if !self.config.v3p5 {
+            pmcr &= !pmcr::LP;
+        }
+        self.pmcr = pmcr;
+        self.cnten = r[1] & m;
+        self.inten = r[2] & m;
+        self.ovs = r[3] & m;
+        self.selr = r[4];
+        self.userenr = r[5] & userenr::MASK;
+        for i in 0..32 {
+            self.evtyper[i] = r[6 + i] & evtyper::MASK;
+            if self.exists(i) {
+                self.set_counter(i, r[38 + i]);
+            }
+        }
+        for i in 0..32 {
+            self.counters[i].base = self.total(i, ev).unwrap_or(0);
+        }
+        self.effects()
+    }
+
     fn set_counter(&mut self, i: usize, value: u64) {
         let (width, _) = self.width_and_overflow(i);
         self.counters[i].value = if width == 32 {
@@ -977,5 +1027,35 @@ mod tests {
             p.read(PmuReg::IntenSet, 0, &e).is_err(),
             "PMINTEN never from EL0"
         );
+    }
+
+    #[test]
+    fn saved_registers_load_into_another_engine_and_count_on() {
+        let mut p = pmu();
+        let e0 = ev(100, 100);
+        p.write(PmuReg::Evtyper(0), u64::from(event::INST_RETIRED), 1, &e0)
+            .unwrap();
+        p.write(PmuReg::Evcntr(0), 0xffff_fff0, 1, &e0).unwrap();
+        p.write(PmuReg::CntenSet, 1 | 1 << 31, 1, &e0).unwrap();
+        p.write(PmuReg::IntenSet, 1, 1, &e0).unwrap();
+        p.write(PmuReg::Pmcr, pmcr::E, 1, &e0).unwrap();
+        let e1 = ev(110, 110);
+        let saved = p.save_regs(&e1);
+        assert_eq!(saved[38], 0x1_0000_0004, "20 more: wrapped at 32 bits");
+        assert_eq!(saved[3], 1, "the overflow not yet synced is saved");
+        let mut q = Pmu::new(PmuConfig::DEFAULT);
+        let f0 = ev(5, 5);
+        assert!(
+            q.load_regs(&saved, &f0).irq,
+            "the interrupt is pending again"
+        );
+        assert_eq!(q.read(PmuReg::Evcntr(0), 1, &ev(6, 6)), Ok(0x1_0000_0006));
+        assert_eq!(q.save_regs(&f0), saved, "a round trip changes nothing");
+        let mut bad = saved;
+        bad[0] |= pmcr::P | 0xff00;
+        bad[1] |= 1 << 20;
+        q.load_regs(&bad, &f0);
+        assert_eq!(q.read(PmuReg::Pmcr, 1, &f0), Ok(pmcr::E | 6 << 11));
+        assert_eq!(q.read(PmuReg::CntenSet, 1, &f0), Ok(1 | 1 << 31));
     }
 }
