@@ -203,8 +203,18 @@ impl Local {
     }
 
     /// Tell the engine what the arm64 PMU needs now: whether blocks count,
-    /// the next PMI budget, the interrupt's level.
-    fn arm_publish(&mut self, ev: &crate::arm::pmu::Events, irq: bool) {
+    /// the next PMI budget, the interrupt's level, when a cycle counter can
+    /// overflow.
+    fn arm_publish(&mut self, shared: &Shared, ev: &crate::arm::pmu::Events, irq: bool) {
+        let deadline = self.arm_pmu.cycles_until_overflow(ev).map_or(-1, |ticks| {
+            let ns = shared
+                .virtual_ns()
+                .saturating_add(shared.tsc_rate().ns_for(ticks));
+            i64::try_from(ns).unwrap_or(i64::MAX)
+        });
+        if let Some(c) = self.counting() {
+            c.cycles_deadline_ns = deadline;
+        }
         let (active, budget) = (
             u32::from(self.arm_pmu.counts_retired()) | u32::from(self.arm_pmu.counts_mem()) << 1,
             self.arm_pmu.until_overflow(ev),
@@ -536,7 +546,7 @@ impl Vcpu {
             self.local(|l| {
                 let ev = l.arm_events(&self.shared);
                 let irq = l.arm_pmu.sync(&ev).irq;
-                l.arm_publish(&ev, irq);
+                l.arm_publish(&self.shared, &ev, irq);
             });
             return;
         }
@@ -849,7 +859,7 @@ impl Vcpu {
         self.arm_pmu_access(encoding, |l, reg, ev| {
             match l.arm_pmu.write(reg, value, el.min(1) as u8, ev) {
                 Ok(fx) => {
-                    l.arm_publish(ev, fx.irq);
+                    l.arm_publish(&self.shared, ev, fx.irq);
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
@@ -875,7 +885,7 @@ impl Vcpu {
         self.local(|l| {
             let ev = l.arm_events(&self.shared);
             let irq = l.arm_pmu.load_regs(regs, &ev).irq;
-            l.arm_publish(&ev, irq);
+            l.arm_publish(&self.shared, &ev, irq);
         });
     }
 

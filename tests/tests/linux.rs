@@ -450,8 +450,8 @@ fn aarch64_linux_smccc_1_1_pv_time_and_an_exact_pmuv3_under_rustkvm() {
     }
     // TCG's PMU counts cycles but advertises no INST_RETIRED/BR_RETIRED
     // without -icount; rustkvm's PMUv3 counts both exactly, and its
-    // overflow interrupt samples instructions one per period (cycle
-    // counter overflow interrupts are still to come on arm64).
+    // overflow interrupt samples instructions one per period and cycles
+    // (their interrupt comes from a timer).
     let (t, k) = (report(&tcg), report(&rk));
     for ev in ["instructions", "branches"] {
         assert!(unsupported(t, &format!("/perf/{ev}")), "{}", t["perf"][ev]);
@@ -468,6 +468,11 @@ fn aarch64_linux_smccc_1_1_pv_time_and_an_exact_pmuv3_under_rustkvm() {
         (at("/sampling/expected_about"), Some(0)),
         "{}",
         k["sampling"]
+    );
+    assert!(
+        at("/sampling_cycles/samples").is_some_and(|s| s > 0),
+        "{}",
+        k["sampling_cycles"]
     );
     // TCG: SMCCC 1.0, so no PV time; rustkvm: KVM's SMCCC 1.1 services.
     let (t, k) = (report(&tcg), report(&rk));

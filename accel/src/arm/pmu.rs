@@ -487,6 +487,27 @@ impl Pmu {
         })
     }
 
+    /// Cycles that may pass before a counter counting cycles (the cycle
+    /// counter, or an event counter on CPU_CYCLES) overflows with its
+    /// interrupt enabled; None if none does (a timer waits for it).
+    pub fn cycles_until_overflow(&self, ev: &Events) -> Option<u64> {
+        if self.pmcr & pmcr::E == 0 {
+            return None;
+        }
+        (0..32)
+            .filter(|&i| self.exists(i) && self.enabled(i) && self.inten & 1 << i != 0)
+            .filter(|&i| self.source(i) == Source::Totals(Counted::Cycles))
+            .map(|i| {
+                let v = self.value(i, ev);
+                if self.width_and_overflow(i).1 == 64 {
+                    v.wrapping_neg().max(1)
+                } else {
+                    (1u64 << 32) - (v & 0xffff_ffff)
+                }
+            })
+            .min()
+    }
+
     /// Whether some enabled counter counts memory accesses (the engine
     /// must count load/store instructions too).
     pub fn counts_mem(&self) -> bool {
@@ -1057,5 +1078,28 @@ mod tests {
         q.load_regs(&bad, &f0);
         assert_eq!(q.read(PmuReg::Pmcr, 1, &f0), Ok(pmcr::E | 6 << 11));
         assert_eq!(q.read(PmuReg::CntenSet, 1, &f0), Ok(1 | 1 << 31));
+    }
+
+    #[test]
+    fn cycle_counters_with_an_interrupt_tell_how_many_cycles_are_left() {
+        let mut p = pmu();
+        let e0 = ev(0, 0);
+        assert_eq!(p.cycles_until_overflow(&e0), None);
+        p.write(PmuReg::Ccntr, 0xffff_ff00, 1, &e0).unwrap();
+        p.write(PmuReg::CntenSet, 1 << 31, 1, &e0).unwrap();
+        p.write(PmuReg::Pmcr, pmcr::E, 1, &e0).unwrap();
+        assert_eq!(p.cycles_until_overflow(&e0), None, "no interrupt enabled");
+        p.write(PmuReg::IntenSet, 1 << 31, 1, &e0).unwrap();
+        assert_eq!(
+            p.cycles_until_overflow(&e0),
+            Some(0x100),
+            "32-bit overflow (LC=0)"
+        );
+        assert_eq!(p.cycles_until_overflow(&ev(10, 10)), Some(0x100 - 40));
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::LC, 1, &e0).unwrap();
+        assert_eq!(
+            p.cycles_until_overflow(&e0),
+            Some(u64::MAX - 0xffff_ff00 + 1)
+        );
     }
 }
