@@ -16,7 +16,16 @@
 //! - `compare`: `off` for a test whose results differ between backends by
 //!   design (it checks a rustkvm feature and SKIPs where it is absent);
 //! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
-//!   that is migrated half-way).
+//!   that is migrated half-way);
+//! - `needs`: host features the `kvm` backend must have, comma-separated:
+//!   `pmu` (a vPMU); without them the `kvm` run is SKIP with the reason.
+//!
+//! and, for what the project's kvm_pvm hosts measurably cannot do (see
+//! `host.rs`), one line whose text is the SKIP reason there:
+//!
+//! ```text
+//! //! rustkvm-kvm-pvm-skip: guest writes to IA32_TSC do not move the TSC
+//! ```
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -27,6 +36,8 @@ use crate::HarnessError;
 
 /// Marker that starts a metadata line.
 const MARKER: &str = "//! rustkvm-test:";
+/// Marker of the kvm_pvm SKIP reason line.
+const PVM_SKIP_MARKER: &str = "//! rustkvm-kvm-pvm-skip:";
 
 /// One guest test: a bundled guest program and how to run it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +58,10 @@ pub struct GuestTest {
     pub compare: bool,
     /// Whether the runner's matrix boots it.
     pub matrix: bool,
+    /// Host features the `kvm` backend needs (`pmu`).
+    pub needs: Vec<String>,
+    /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
+    pub kvm_pvm_skip: Option<String>,
 }
 
 impl GuestTest {
@@ -65,9 +80,15 @@ impl GuestTest {
             cpu: None,
             compare: true,
             matrix: true,
+            needs: Vec::new(),
+            kvm_pvm_skip: None,
         };
         let mut seen = false;
         for line in text.lines() {
+            if let Some(why) = line.trim().strip_prefix(PVM_SKIP_MARKER) {
+                test.kvm_pvm_skip = Some(why.trim().to_string());
+                continue;
+            }
             let Some(rest) = line.trim().strip_prefix(MARKER) else {
                 continue;
             };
@@ -102,6 +123,14 @@ impl GuestTest {
                     }
                     "vary" => test.vary.extend(value.split(',').map(str::to_string)),
                     "cpu" => test.cpu = Some(value.to_string()),
+                    "needs" => {
+                        for n in value.split(',') {
+                            if n != "pmu" {
+                                return Err(bad(format!("needs={n}: known: pmu")));
+                            }
+                            test.needs.push(n.to_string());
+                        }
+                    }
                     "compare" | "matrix" => {
                         let on = match value {
                             "on" => true,
@@ -190,6 +219,14 @@ mod tests {
         assert!(t.matrix);
         let t = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64 matrix=off").unwrap();
         assert!(!t.matrix);
+        assert!(t.needs.is_empty() && t.kvm_pvm_skip.is_none());
+        let t = GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64 needs=pmu\n//! rustkvm-kvm-pvm-skip:  VMCALL hangs \n",
+        )
+        .unwrap();
+        assert_eq!(t.needs, vec!["pmu"]);
+        assert_eq!(t.kvm_pvm_skip.as_deref(), Some("VMCALL hangs"));
     }
 
     #[test]
@@ -203,6 +240,7 @@ mod tests {
             "//! rustkvm-test: arch=x86_64 colour=blue",
             "//! rustkvm-test: arch",
             "//! rustkvm-test: arch=x86_64 compare=maybe",
+            "//! rustkvm-test: arch=x86_64 needs=gpu",
         ] {
             let err = GuestTest::parse("g", text).unwrap_err();
             assert!(

@@ -12,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod guest;
+pub mod host;
 pub mod linux;
 pub mod qemu;
 pub mod report;

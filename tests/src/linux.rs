@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use crate::host;
 use crate::qemu::{self, Arch, Backend};
 use crate::run::Capture;
 use crate::HarnessError;
@@ -143,22 +144,6 @@ pub fn images_in(cache: &std::path::Path, arch: Arch) -> Result<(PathBuf, PathBu
     Ok((kernel, initrd))
 }
 
-/// Why `kvm` cannot run `arch` guests on this host, if it cannot.
-pub fn kvm_unavailable(arch: Arch) -> Option<String> {
-    let host = std::env::consts::ARCH;
-    if host != arch.name() {
-        return Some(format!("kvm runs only {host} guests on this {host} host"));
-    }
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => None,
-        Err(e) => Some(format!("/dev/kvm: {e}")),
-    }
-}
-
 /// The QEMU arguments for booting `config`.
 pub fn command_args(
     config: Config,
@@ -166,11 +151,10 @@ pub fn command_args(
     initrd: &std::path::Path,
 ) -> Vec<String> {
     let (machine, cpu, console) = match (config.arch, config.backend) {
-        // -arch-capabilities: QEMU aborts on MSR 0x10a with kvm_pvm otherwise.
         (Arch::X86_64, Backend::Kvm) if config.pmu != PmuModel::Default => {
-            ("pc", "host,-arch-capabilities,pmu=on", "ttyS0")
+            ("pc", "host,pmu=on", "ttyS0")
         }
-        (Arch::X86_64, Backend::Kvm) => ("pc", "host,-arch-capabilities", "ttyS0"),
+        (Arch::X86_64, Backend::Kvm) => ("pc", "host", "ttyS0"),
         (Arch::X86_64, _) if config.pmu == PmuModel::Intel => {
             ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
         }
@@ -179,10 +163,14 @@ pub fn command_args(
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
     };
+    let cpu = match config.backend {
+        Backend::Kvm => host::kvm_cpu(Some(cpu)).unwrap_or_default(),
+        _ => cpu.to_string(),
+    };
     let mut accel = match config.backend {
         Backend::Tcg => "tcg",
         Backend::Rustkvm => "rustkvm",
-        Backend::Kvm => "kvm",
+        Backend::Kvm => "rustkvm,backend=kvm",
     }
     .to_string();
     if config.single_thread && config.backend != Backend::Kvm {
@@ -202,7 +190,7 @@ pub fn command_args(
         "-M",
         machine,
         "-cpu",
-        cpu,
+        &cpu,
         "-accel",
         &accel,
         "-smp",
@@ -265,7 +253,7 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
         console,
     };
     if config.backend == Backend::Kvm {
-        if let Some(why) = kvm_unavailable(config.arch) {
+        if let Some(why) = host::kvm_unavailable(config.arch) {
             return done(Outcome::Skip(why), String::new(), None);
         }
     }
@@ -716,16 +704,6 @@ mod tests {
     }
 
     #[test]
-    fn kvm_is_unavailable_for_a_foreign_architecture() {
-        let foreign = if std::env::consts::ARCH == "aarch64" {
-            Arch::X86_64
-        } else {
-            Arch::Aarch64
-        };
-        assert!(kvm_unavailable(foreign).unwrap().contains("runs only"));
-    }
-
-    #[test]
     fn command_lines_per_backend() {
         let k = std::path::Path::new("/k");
         let c = Config {
@@ -737,8 +715,13 @@ mod tests {
             pmu: PmuModel::Default,
         };
         let a = command_args(c, k, k).join(" ");
+        let cpu = if crate::host::kvm_is_pvm() {
+            "host,-arch-capabilities"
+        } else {
+            "host"
+        };
         assert!(
-            a.contains("-cpu host,-arch-capabilities -accel kvm -smp 1"),
+            a.contains(&format!("-cpu {cpu} -accel rustkvm,backend=kvm -smp 1")),
             "{a}"
         );
         let c = Config {

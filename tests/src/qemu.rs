@@ -84,7 +84,8 @@ pub enum Backend {
     Tcg,
     /// `-accel rustkvm`: TCG with KVM's guest-visible interfaces.
     Rustkvm,
-    /// `-accel kvm`: the host's KVM (only for guests of the host's
+    /// `-accel rustkvm,backend=kvm`: the host's KVM runs the guest and
+    /// rustkvm keeps its interface (only for guests of the host's
     /// architecture, with a usable /dev/kvm).
     Kvm,
 }
@@ -120,7 +121,7 @@ impl Backend {
         match self {
             Backend::Tcg => "tcg",
             Backend::Rustkvm => "rustkvm,stats=on",
-            Backend::Kvm => "kvm",
+            Backend::Kvm => "rustkvm,backend=kvm",
         }
     }
 }
@@ -152,6 +153,13 @@ impl Variant {
         Variant::RrSmp2,
         Variant::Icount,
     ];
+
+    /// Whether `backend` has this variant: the TCG threading and icount
+    /// variants are TCG's; `kvm` runs the default one (with the test's
+    /// vCPUs).
+    pub fn applies_to(self, backend: Backend) -> bool {
+        backend != Backend::Kvm || self == Variant::Default
+    }
 
     /// Parse a variant name.
     pub fn from_name(name: &str) -> Option<Variant> {
@@ -275,8 +283,12 @@ pub fn command_args(
             .map(|s| s.to_string()),
     );
     args.push(kernel.display().to_string());
+    let cpu = match backend {
+        Backend::Kvm => crate::host::kvm_cpu(cpu),
+        _ => cpu.map(str::to_string),
+    };
     if let Some(cpu) = cpu {
-        args.extend(["-cpu".to_string(), cpu.to_string()]);
+        args.extend(["-cpu".to_string(), cpu]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
     args

@@ -28,7 +28,7 @@ impl Default for Selection {
     fn default() -> Self {
         Selection {
             arches: Arch::ALL.to_vec(),
-            backends: Backend::EMULATED.to_vec(),
+            backends: Backend::ALL.to_vec(),
             variants: Variant::ALL.to_vec(),
             filter: None,
             shard: (0, 1),
@@ -102,7 +102,7 @@ pub fn run_matrix(
 ) -> Result<Vec<RunResult>, HarnessError> {
     let mut results = Vec::new();
     for (test, row) in rows(tests, sel) {
-        for &backend in &sel.backends {
+        for &backend in sel.backends.iter().filter(|b| row.variant.applies_to(**b)) {
             let r = run::run(&test, row.arch, row.variant, backend)?;
             progress(&r);
             results.push(r);
@@ -156,31 +156,45 @@ pub fn table(results: &[RunResult]) -> String {
         .max()
         .unwrap_or(4)
         .max(4);
+    let cell = |row: &Row, b: &Backend| {
+        results
+            .iter()
+            .find(|r| {
+                r.backend == *b
+                    && r.test == row.test
+                    && r.arch == row.arch
+                    && r.variant == row.variant
+            })
+            .map(|r| {
+                format!(
+                    "{} {:.1}s",
+                    r.outcome.status.label(),
+                    r.outcome.elapsed.as_secs_f64()
+                )
+            })
+            .unwrap_or_else(|| "-".to_string())
+    };
+    // Each column as wide as its widest cell (up to 60; longer reasons run on).
+    let widths: Vec<usize> = backends
+        .iter()
+        .map(|b| {
+            rows.iter()
+                .map(|r| cell(r, b).len())
+                .chain([b.name().len()])
+                .max()
+                .unwrap_or(4)
+                .min(60)
+        })
+        .collect();
     let mut out = format!("{:width$}", "test");
-    for b in &backends {
-        let _ = write!(out, "  {:24}", b.name());
+    for (b, w) in backends.iter().zip(&widths) {
+        let _ = write!(out, "  {:w$}", b.name());
     }
     out.push('\n');
     for row in &rows {
         let _ = write!(out, "{:width$}", row.label());
-        for b in &backends {
-            let cell = results
-                .iter()
-                .find(|r| {
-                    r.backend == *b
-                        && r.test == row.test
-                        && r.arch == row.arch
-                        && r.variant == row.variant
-                })
-                .map(|r| {
-                    format!(
-                        "{} {:.1}s",
-                        r.outcome.status.label(),
-                        r.outcome.elapsed.as_secs_f64()
-                    )
-                })
-                .unwrap_or_else(|| "-".to_string());
-            let _ = write!(out, "  {cell:24}");
+        for (b, w) in backends.iter().zip(&widths) {
+            let _ = write!(out, "  {:w$}", cell(row, b));
         }
         out.push('\n');
     }
@@ -230,6 +244,8 @@ mod tests {
             cpu: None,
             compare: true,
             matrix: true,
+            needs: Vec::new(),
+            kvm_pvm_skip: None,
         }
     }
 

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::guest::GuestTest;
+use crate::host;
 use crate::qemu::{self, Arch, Backend, Variant};
 use crate::HarnessError;
 
@@ -173,6 +174,17 @@ pub fn run_with(
     backend: Backend,
     opts: &RunOptions,
 ) -> Result<RunResult, HarnessError> {
+    if backend == Backend::Kvm {
+        if let Some(why) = kvm_skip(test, arch) {
+            return Ok(RunResult {
+                test: test.name.clone(),
+                arch,
+                variant,
+                backend,
+                outcome: Outcome::skipped(why),
+            });
+        }
+    }
     let timeout = opts.timeout.unwrap_or(test.timeout);
     let kernel = test.binary(arch);
     if !kernel.exists() {
@@ -240,6 +252,39 @@ pub fn run_with(
         backend,
         outcome,
     })
+}
+
+/// Why the `kvm` backend does not boot `test` on `arch` here, if it does not:
+/// no usable KVM for the architecture, a host feature the test needs, or
+/// what the test says kvm_pvm cannot do.
+pub fn kvm_skip(test: &GuestTest, arch: Arch) -> Option<String> {
+    if let Some(why) = host::kvm_unavailable(arch) {
+        return Some(why);
+    }
+    if test.needs.iter().any(|n| n == "pmu") {
+        if let Some(why) = host::kvm_no_pmu() {
+            return Some(why);
+        }
+    }
+    match &test.kvm_pvm_skip {
+        Some(why) if host::kvm_is_pvm() => Some(format!("kvm_pvm: {why}")),
+        _ => None,
+    }
+}
+
+impl Outcome {
+    /// A run that did not happen, and why.
+    pub fn skipped(why: String) -> Outcome {
+        Outcome {
+            status: Status::Skip(why),
+            lines: Vec::new(),
+            measures: Vec::new(),
+            routes: BTreeMap::new(),
+            serial: String::new(),
+            stderr: String::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
 }
 
 /// Turn QEMU's exit and the guest's output into an [`Outcome`].

@@ -71,14 +71,17 @@ fn every_guest_passes_on_every_backend_and_rustkvm_matches_tcg() {
             }
         }
     }
-    // Every test ran on every backend in every variant of its architectures.
-    let rows: usize = tests
+    // Every test ran on tcg and rustkvm in every variant of its
+    // architectures, and on kvm in the default variant.
+    let per_variant: usize = tests
         .iter()
         .filter(|t| t.matrix)
         .map(|t| t.arches.len())
-        .sum::<usize>()
-        * Variant::ALL.len();
-    assert_eq!(results.len(), rows * Backend::EMULATED.len());
+        .sum();
+    assert_eq!(
+        results.len(),
+        per_variant * Variant::ALL.len() * Backend::EMULATED.len() + per_variant
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
@@ -590,6 +593,25 @@ fn qemu_cmd(arch: Arch, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Start QEMU with `args` and an HMP monitor on stdin that says `quit`:
+/// whether it started (and quit) cleanly, and what it printed.
+fn qemu_start_and_quit(arch: Arch, args: &[&str]) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(qemu::emulator(arch).expect("emulator built"))
+        .args(args)
+        .args(["-display", "none", "-monitor", "stdio"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("QEMU ran");
+    let _ = child.stdin.take().expect("stdin").write_all(b"quit\n");
+    let out = child.wait_with_output().expect("QEMU ended");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 #[test]
 fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
     let _serial = serial();
@@ -626,6 +648,107 @@ fn qemu_lists_rustkvm_and_its_properties_and_rejects_unknown_ones() {
             !ok && text.contains("Invalid 'thread' setting bogus"),
             "{arch}: {text}"
         );
+    }
+}
+
+#[test]
+fn backend_kvm_runs_on_qemus_kvm_or_refuses_clearly() {
+    let _serial = serial();
+    for arch in Arch::ALL {
+        let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,help"]);
+        assert!(ok && text.contains("backend=<string>"), "{arch}: {text}");
+        let (ok, text) = qemu_cmd(arch, &["-accel", "rustkvm,backend=xen", "-M", "none"]);
+        assert!(
+            !ok && text.contains("backend=xen: expected tcg or kvm"),
+            "{arch}: {text}"
+        );
+        let (ok, text) =
+            qemu_start_and_quit(arch, &["-accel", "rustkvm,backend=tcg", "-M", "none"]);
+        assert!(ok, "{arch}: backend=tcg refused: {text}");
+        let (ok, text) =
+            qemu_start_and_quit(arch, &["-accel", "rustkvm,backend=kvm", "-M", "none"]);
+        match rustkvm_tests::host::kvm_unavailable(arch) {
+            Some(_) if arch.name() != std::env::consts::ARCH => assert!(
+                !ok && text.contains(&format!("this QEMU has no KVM for {arch} guests")),
+                "{arch}: {text}"
+            ),
+            Some(_) => assert!(
+                !ok && text.contains("backend=kvm needs a usable /dev/kvm"),
+                "{arch}: {text}"
+            ),
+            None => {
+                assert!(ok, "{arch}: {text}");
+                // TCG's options are not KVM's: said, not ignored.
+                let (ok, text) = qemu_cmd(
+                    arch,
+                    &["-accel", "rustkvm,backend=kvm,thread=single", "-M", "none"],
+                );
+                assert!(
+                    !ok && text.contains("'thread' is not an option of backend=kvm"),
+                    "{arch}: {text}"
+                );
+                let (ok, text) = qemu_cmd(
+                    arch,
+                    &["-accel", "rustkvm,backend=kvm,stats=on", "-M", "none"],
+                );
+                assert!(
+                    !ok && text.contains("it is a backend=tcg option"),
+                    "{arch}: {text}"
+                );
+                // ... and KVM's are.
+                let (ok, text) = qemu_start_and_quit(
+                    arch,
+                    &[
+                        "-accel",
+                        "rustkvm,backend=kvm,kernel-irqchip=split",
+                        "-M",
+                        "none",
+                    ],
+                );
+                assert!(ok, "{arch}: {text}");
+                let (ok, text) = qemu_cmd(
+                    arch,
+                    &[
+                        "-accel",
+                        "rustkvm,backend=kvm",
+                        "-icount",
+                        "shift=0",
+                        "-M",
+                        "none",
+                    ],
+                );
+                assert!(
+                    !ok && text.contains("-icount is not allowed with hardware virtualization"),
+                    "{arch}: {text}"
+                );
+            }
+        }
+    }
+}
+
+/// The kvm column: steal time and kvmclock PASS on the host's KVM; the PMU
+/// tests SKIP saying why when the host KVM has no vPMU. Where this host has
+/// no usable KVM every kvm run SKIPs with that reason.
+#[test]
+fn kvm_backend_runs_steal_time_and_kvmclock_and_says_why_it_skips() {
+    let _serial = serial();
+    let arch = Arch::X86_64;
+    for name in [
+        "x86-steal-time",
+        "x86-kvmclock",
+        "x86-tsc-deadline",
+        "x86-pmu",
+    ] {
+        let t = find_test(name);
+        let r = run::run(&t, arch, Variant::Default, Backend::Kvm).expect("ran");
+        if let Some(why) = rustkvm_tests::host::kvm_unavailable(arch) {
+            assert_eq!(r.outcome.status, Status::Skip(why), "{name}");
+            continue;
+        }
+        match (name, rustkvm_tests::host::kvm_no_pmu()) {
+            ("x86-pmu", Some(why)) => assert_eq!(r.outcome.status, Status::Skip(why)),
+            _ => assert_pass(&r, format_args!("{name} on kvm")),
+        }
     }
 }
 

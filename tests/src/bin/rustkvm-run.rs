@@ -4,6 +4,9 @@
 //! rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n]
 //!             [--tap] [--quiet] [FILTER]
 //! ```
+//! Backends: `tcg` (stock TCG, the reference), `rustkvm` (`-accel rustkvm`,
+//! backend=tcg), `kvm` (`-accel rustkvm,backend=kvm`: the host's KVM, in the
+//! default variant only; SKIP with the reason where this host cannot).
 //! Prints a table (test/arch/variant × backend → PASS/FAIL/SKIP(reason)),
 //! what each guest measured under rustkvm, and any line where rustkvm's
 //! answers differ from tcg's. Exits 1 if anything failed or differed.
@@ -66,7 +69,7 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
         sel.arches = Arch::ALL.to_vec();
     }
     if sel.backends.is_empty() {
-        sel.backends = Backend::EMULATED.to_vec();
+        sel.backends = Backend::ALL.to_vec();
     }
     if sel.variants.is_empty() {
         sel.variants = Variant::ALL.to_vec();

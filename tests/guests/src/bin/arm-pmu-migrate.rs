@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=aarch64 compare=off matrix=off
+//! rustkvm-test: arch=aarch64 compare=off needs=pmu matrix=off
 //!
 //! The arm64 PMU across savevm/loadvm or migration: event counter 0 counts
 //! instructions and counter 1 branches, from values that are not 0 (so a

@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=aarch64 matrix=off timeout=120
+//! rustkvm-test: arch=aarch64 matrix=off timeout=120 needs=pmu
 //!
 //! scripts/bench-arm-pmu.sh's counting case: the same workload as
 //! plugin-workload (`guest::workload`) with PMUv3 counting throughout at

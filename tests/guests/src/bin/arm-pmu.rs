@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=aarch64 compare=off
+//! rustkvm-test: arch=aarch64 compare=off needs=pmu
 //!
 //! KVM's PMUv3 for an AArch64 guest (Arm ARM D12; Linux
 //! `arch/arm64/kvm/pmu-emul.c`, `sys_regs.c`), counted exactly without

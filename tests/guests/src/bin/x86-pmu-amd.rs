@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 cpu=max,pmu=on compare=off
+//! rustkvm-test: arch=x86_64 cpu=max,pmu=on compare=off needs=pmu
 //!
 //! The AMD PMU a KVM guest on an AMD host gets with `pmu=on` (AMD APM vol. 2
 //! §13.2; Linux `arch/x86/kvm/svm/pmu.c`, `pmu.c`), counted exactly: the

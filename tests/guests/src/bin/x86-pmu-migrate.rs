@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off matrix=off
+//! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu matrix=off
 //!
 //! The PMU across savevm/loadvm or migration: PMC0 counts instructions,
 //! PMC1 branches and FIXED_CTR0 instructions, from values that are not 0

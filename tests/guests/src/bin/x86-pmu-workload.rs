@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on matrix=off timeout=120
+//! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on matrix=off timeout=120 needs=pmu
 //!
 //! scripts/bench-pmu.sh's counting case: the same workload as
 //! plugin-workload (`guest::workload`) with the PMU counting throughout, at

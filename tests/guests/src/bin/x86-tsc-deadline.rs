@@ -103,9 +103,11 @@ fn main(t: &mut Test) {
     );
 
     // Written 0 before the deadline: disarmed.
-    t.eq("arm-then-0", arm(0x42, rdtsc() + 2_000_000), Ok(()));
+    // (Deadlines 2·QUIET ahead, waits past them: a slow host's MMIO write
+    // to the LVT may take longer than a millisecond.)
+    t.eq("arm-then-0", arm(0x42, rdtsc() + 2 * QUIET), Ok(()));
     t.eq("write-0", arch::wrmsr(MSR_TSC_DEADLINE, 0), Ok(()));
-    t.eq("zero-disarms", wait(0x42, 3 * QUIET), None);
+    t.eq("zero-disarms", wait(0x42, 4 * QUIET), None);
 
     // Huge: never (within the wait), and it reads back.
     t.eq("arm-huge", arm(0x43, u64::MAX), Ok(()));
@@ -117,10 +119,10 @@ fn main(t: &mut Test) {
     t.eq("huge-does-not-fire", wait(0x43, QUIET), None);
 
     // Leaving the mode disarms.
-    t.eq("arm-then-leave", arm(0x44, rdtsc() + 2_000_000), Ok(()));
+    t.eq("arm-then-leave", arm(0x44, rdtsc() + 2 * QUIET), Ok(()));
     set_lapic_reg(LVT_TIMER, 0x44);
     t.eq("mode-change-clears", arch::rdmsr(MSR_TSC_DEADLINE), Ok(0));
     set_lapic_reg(LVT_TIMER, TSC_DEADLINE_MODE | 0x44);
-    t.eq("mode-change-disarms", wait(0x44, 3 * QUIET), None);
+    t.eq("mode-change-disarms", wait(0x44, 4 * QUIET), None);
     t.eq("still-0", arch::rdmsr(MSR_TSC_DEADLINE), Ok(0));
 }

@@ -1,0 +1,82 @@
+//! What this host's KVM can do, for the `kvm` backend
+//! (`-accel rustkvm,backend=kvm`): detected once, reported as SKIP reasons.
+//!
+//! The project's own machines run **kvm_pvm**, a software KVM nested inside
+//! the VM (module `kvm_pvm`) with `kvm.enable_pmu=N`: tiny guests run, there
+//! is no vPMU, and QEMU aborts setting MSR 0x10a (IA32_ARCH_CAPABILITIES)
+//! on `-cpu host`/`max` unless the feature is taken out. Real hosts have
+//! none of that; the runner adapts only where it detects it.
+
+use std::path::Path;
+
+use crate::qemu::Arch;
+
+/// Module directory whose presence means the host KVM is kvm_pvm.
+const KVM_PVM_MODULE: &str = "/sys/module/kvm_pvm";
+/// KVM's module parameter for the vPMU (`Y`/`N`).
+const KVM_ENABLE_PMU: &str = "/sys/module/kvm/parameters/enable_pmu";
+
+/// Why `kvm` cannot run `arch` guests on this host, if it cannot.
+pub fn kvm_unavailable(arch: Arch) -> Option<String> {
+    let host = std::env::consts::ARCH;
+    if host != arch.name() {
+        return Some(format!("kvm runs only {host} guests on this {host} host"));
+    }
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/kvm: {e}")),
+    }
+}
+
+/// Whether the host KVM is kvm_pvm (the nested software KVM).
+pub fn kvm_is_pvm() -> bool {
+    Path::new(KVM_PVM_MODULE).exists()
+}
+
+/// Why the host KVM gives guests no vPMU, if it gives none.
+pub fn kvm_no_pmu() -> Option<String> {
+    let v = std::fs::read_to_string(KVM_ENABLE_PMU).ok()?;
+    matches!(v.trim(), "N" | "0").then(|| "host KVM has no vPMU (kvm.enable_pmu=N)".to_string())
+}
+
+/// The `-cpu` model for a guest under `kvm` that asked for `cpu` (None:
+/// QEMU's default model, which kvm_pvm runs as is). On kvm_pvm the
+/// arch-capabilities feature is taken out of `host`/`max`-based models, or
+/// QEMU aborts writing MSR 0x10a.
+pub fn kvm_cpu(cpu: Option<&str>) -> Option<String> {
+    let cpu = cpu?;
+    let base = cpu.split(',').next().unwrap_or(cpu);
+    if kvm_is_pvm() && matches!(base, "host" | "max") {
+        Some(format!("{cpu},-arch-capabilities"))
+    } else {
+        Some(cpu.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_foreign_architecture_is_never_kvm_capable() {
+        let foreign = if std::env::consts::ARCH == "x86_64" {
+            Arch::Aarch64
+        } else {
+            Arch::X86_64
+        };
+        assert!(kvm_unavailable(foreign).unwrap().contains("runs only"));
+    }
+
+    #[test]
+    fn cpu_models_keep_their_options_under_kvm() {
+        assert_eq!(kvm_cpu(None), None);
+        assert_eq!(kvm_cpu(Some("qemu64")).as_deref(), Some("qemu64"));
+        let max = kvm_cpu(Some("max,pmu=on")).unwrap();
+        assert!(max.starts_with("max,pmu=on"), "{max}");
+        assert_eq!(max.ends_with(",-arch-capabilities"), kvm_is_pvm());
+    }
+}
