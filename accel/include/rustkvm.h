@@ -391,6 +391,114 @@ void rustkvm_arm_pmu_save(RustkvmVcpu *vcpu, uint64_t *regs);
 void rustkvm_arm_pmu_load(RustkvmVcpu *vcpu, const uint64_t *regs);
 
 /*
+ * query-rustkvm (QMP) and info rustkvm (HMP): what one vCPU reports, the
+ * same shape under backend=tcg (from the models) and backend=kvm (QEMU reads
+ * KVM's state and Rust decodes it with the same rules). Call on the vCPU's
+ * thread (run_on_cpu).
+ */
+/** Longest counter or register name, with its NUL. */
+#define RUSTKVM_INFO_NAME_LEN 16u
+/** Most counters a vCPU reports (arm64: 31 event counters + cycles). */
+#define RUSTKVM_INFO_COUNTERS 40u
+/** Most timer registers a vCPU reports. */
+#define RUSTKVM_INFO_TIMER_REGS 8u
+
+/** One PMU counter. */
+typedef struct RustkvmInfoCounter {
+    /** gpN, fixedN (x86); evtN, cycles (arm64); NUL-terminated. */
+    char name[RUSTKVM_INFO_NAME_LEN];
+    /** Event select / PMEVTYPER / the fixed counter's control nibble. */
+    uint64_t config;
+    /** Count now. */
+    uint64_t value;
+    /** Counting now (its enables and the global ones). */
+    bool enabled;
+} RustkvmInfoCounter;
+
+/** One named register. */
+typedef struct RustkvmInfoReg {
+    /** NUL-terminated name, e.g. tsc-deadline, cntv-cval. */
+    char name[RUSTKVM_INFO_NAME_LEN];
+    /** Its value. */
+    uint64_t value;
+} RustkvmInfoReg;
+
+/** What one vCPU reports. */
+typedef struct RustkvmVcpuInfo {
+    /** Steal time enabled (x86 MSR bit 0; arm64: PV_TIME_ST called). */
+    bool steal_enabled;
+    /** x86 preempted bit 0. */
+    bool steal_preempted;
+    /** steal_version is known (x86, structure readable). */
+    bool has_steal_version;
+    /** x86 struct kvm_steal_time.version. */
+    uint32_t steal_version;
+    /** Guest-physical address of the steal-time structure. */
+    uint64_t steal_gpa;
+    /** Stolen nanoseconds as the structure says. */
+    uint64_t steal_ns;
+    /** The architecture has kvmclock (x86). */
+    bool has_pvclock;
+    /** MSR_KVM_SYSTEM_TIME_NEW bit 0. */
+    bool pvclock_enabled;
+    /** Its pvclock_vcpu_time_info address. */
+    uint64_t pvclock_gpa;
+    /** PMU version (x86 KVM pmu->version; arm64 PMUVer); 0: no PMU. */
+    uint32_t pmu_version;
+    /** pmu_global_* are meaningful (x86 PMU v2). */
+    bool has_pmu_global;
+    /** IA32_PERF_GLOBAL_CTRL / AMD PerfCntrGlobalCtl. */
+    uint64_t pmu_global_ctrl;
+    /** IA32_PERF_GLOBAL_STATUS / AMD PerfCntrGlobalStatus. */
+    uint64_t pmu_global_status;
+    /** Entries of counters[] in use. */
+    uint32_t n_counters;
+    /** The counters that exist. */
+    RustkvmInfoCounter counters[RUSTKVM_INFO_COUNTERS];
+    /** Entries of timer[] in use. */
+    uint32_t n_timer;
+    /** Timer registers. */
+    RustkvmInfoReg timer[RUSTKVM_INFO_TIMER_REGS];
+} RustkvmVcpuInfo;
+
+/** The CPUID words describing an x86 vCPU's PMU (backend=kvm). */
+typedef struct RustkvmX86PmuCpuid {
+    /** AMD or Hygon vendor. */
+    bool amd;
+    /** -cpu ...,pmu=on. */
+    bool pmu;
+    /** CPUID 0xA EAX. */
+    uint32_t leaf_a_eax;
+    /** CPUID 0xA EDX. */
+    uint32_t leaf_a_edx;
+    /** CPUID 0x80000001 ECX. */
+    uint32_t ext1_ecx;
+    /** CPUID 0x80000022 EAX. */
+    uint32_t ext22_eax;
+    /** CPUID 0x80000022 EBX. */
+    uint32_t ext22_ebx;
+} RustkvmX86PmuCpuid;
+
+/**
+ * An x86 vCPU's report from its MSRs (rustkvm_x86_save_msrs() under
+ * backend=tcg; QEMU's synchronized CPUX86State under backend=kvm) and the
+ * steal-time structure's 64 bytes (NULL if disabled or unreadable). The PMU's
+ * shape comes from @vcpu's model, or from @cpuid when @vcpu is NULL.
+ */
+void rustkvm_x86_info(RustkvmVcpu *vcpu, const RustkvmX86Msrs *msrs,
+                      const RustkvmX86PmuCpuid *cpuid, const uint8_t *steal,
+                      RustkvmVcpuInfo *out);
+/** The arm64 PV time structure's IPA if the guest asked for it, else 0. */
+uint64_t rustkvm_arm_pvtime_ipa(RustkvmVcpu *vcpu);
+/**
+ * An arm64 vCPU's report (backend=tcg): PMU and PV time from the models,
+ * the PV time structure's 64 bytes (NULL if unread), and QEMU's timers:
+ * timers[4] = CNTV_CTL, CNTV_CVAL, CNTP_CTL, CNTP_CVAL.
+ */
+void rustkvm_arm_info(RustkvmVcpu *vcpu, const uint64_t *timers,
+                      const uint8_t *pvtime, RustkvmVcpuInfo *out);
+
+/*
  * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.
  * rustkvm_enabled() is true once -accel rustkvm has initialised the machine;
  * tcg_enabled() is true as well, since rustkvm is a TCG subclass.

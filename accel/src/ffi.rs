@@ -13,6 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
+use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Timers};
 use crate::vcpu::{Route, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
@@ -422,23 +423,147 @@ pub unsafe extern "C" fn rustkvm_x86_load_msrs(
 ) {
     // SAFETY: forwarded caller contract for both pointers.
     if let (Some(v), Some(m)) = (unsafe { vcpu_ref(vcpu) }, unsafe { msrs.as_ref() }) {
-        v.load_msrs(&SavedMsrs {
-            steal_time: m.steal_time,
-            tsc: m.tsc,
-            tsc_adjust: m.tsc_adjust,
-            tsc_deadline: m.tsc_deadline,
-            system_time: m.system_time,
-            wall_clock: m.wall_clock,
-            pmu: PmuRegs {
-                fixed_ctrl: m.pmu_fixed_ctr_ctrl,
-                global_ctrl: m.pmu_global_ctrl,
-                global_status: m.pmu_global_status,
-                fixed: m.pmu_fixed,
-                gp: m.pmu_gp,
-                evtsel: m.pmu_evtsel,
-            },
-        });
+        v.load_msrs(&saved_msrs(m));
     }
+}
+
+/// [`SavedMsrs`] from QEMU's view of them.
+fn saved_msrs(m: &header::RustkvmX86Msrs) -> SavedMsrs {
+    SavedMsrs {
+        steal_time: m.steal_time,
+        tsc: m.tsc,
+        tsc_adjust: m.tsc_adjust,
+        tsc_deadline: m.tsc_deadline,
+        system_time: m.system_time,
+        wall_clock: m.wall_clock,
+        pmu: PmuRegs {
+            fixed_ctrl: m.pmu_fixed_ctr_ctrl,
+            global_ctrl: m.pmu_global_ctrl,
+            global_status: m.pmu_global_status,
+            fixed: m.pmu_fixed,
+            gp: m.pmu_gp,
+            evtsel: m.pmu_evtsel,
+        },
+    }
+}
+
+/// Copy `name` into a C name buffer, truncated, NUL-terminated.
+fn c_name(name: &str, out: &mut [c_char]) {
+    let n = name.len().min(out.len().saturating_sub(1));
+    for (o, b) in out.iter_mut().zip(name.bytes().take(n)) {
+        *o = b as c_char;
+    }
+    if let Some(z) = out.get_mut(n) {
+        *z = 0;
+    }
+}
+
+/// Fill QEMU's [`header::RustkvmVcpuInfo`] from [`info::VcpuInfo`].
+fn fill_info(i: &info::VcpuInfo, out: &mut header::RustkvmVcpuInfo) {
+    out.steal_enabled = i.steal.enabled;
+    out.steal_preempted = i.steal.preempted;
+    out.has_steal_version = i.steal.version.is_some();
+    out.steal_version = i.steal.version.unwrap_or(0);
+    out.steal_gpa = i.steal.gpa;
+    out.steal_ns = i.steal.steal_ns;
+    out.has_pvclock = i.pvclock.is_some();
+    let pv = i.pvclock.unwrap_or_default();
+    (out.pvclock_enabled, out.pvclock_gpa) = (pv.enabled, pv.gpa);
+    out.pmu_version = i.pmu_version;
+    out.has_pmu_global = i.pmu_global.is_some();
+    (out.pmu_global_ctrl, out.pmu_global_status) = i.pmu_global.unwrap_or((0, 0));
+    let mut n = 0;
+    for (c, o) in i.counters.iter().zip(out.counters.iter_mut()) {
+        c_name(&c.name, &mut o.name);
+        (o.config, o.value, o.enabled) = (c.config, c.value, c.enabled);
+        n += 1;
+    }
+    out.n_counters = n;
+    let mut n = 0;
+    for ((name, value), o) in i.timer.iter().zip(out.timer.iter_mut()) {
+        c_name(name, &mut o.name);
+        o.value = *value;
+        n += 1;
+    }
+    out.n_timer = n;
+}
+
+/// An x86 vCPU's `query-rustkvm` report.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `msrs`, `cpuid` and `out` are NULL or
+/// valid; `steal` is NULL or 64 readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_info(
+    vcpu: *mut RustkvmVcpu,
+    msrs: *const header::RustkvmX86Msrs,
+    cpuid: *const header::RustkvmX86PmuCpuid,
+    steal: *const u8,
+    out: *mut header::RustkvmVcpuInfo,
+) {
+    // SAFETY: forwarded caller contract for each pointer.
+    let (v, m, c, out) = unsafe { (vcpu_ref(vcpu), msrs.as_ref(), cpuid.as_ref(), out.as_mut()) };
+    let (Some(m), Some(out)) = (m, out) else {
+        return;
+    };
+    // SAFETY: NULL or 64 readable bytes (caller contract).
+    let steal = unsafe { steal.cast::<[u8; 64]>().as_ref() };
+    let shape = match (v, c) {
+        (Some(v), _) => v.x86_pmu_shape(),
+        (None, Some(c)) => info::X86PmuShape::from_cpuid(info::X86PmuCpuid {
+            amd: c.amd,
+            pmu: c.pmu,
+            leaf_a: [c.leaf_a_eax, c.leaf_a_edx],
+            ext1_ecx: c.ext1_ecx,
+            ext22: [c.ext22_eax, c.ext22_ebx],
+        }),
+        (None, None) => info::X86PmuShape::default(),
+    };
+    fill_info(&info::x86(&saved_msrs(m), shape, steal), out);
+}
+
+/// The arm64 PV time structure's IPA if the guest asked for it, else 0.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pvtime_ipa(vcpu: *mut RustkvmVcpu) -> u64 {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu) }.map_or(0, Vcpu::arm_pvtime_ipa)
+}
+
+/// An arm64 vCPU's `query-rustkvm` report.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `timers` is NULL or 4 readable values;
+/// `pvtime` is NULL or 64 readable bytes; `out` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_info(
+    vcpu: *mut RustkvmVcpu,
+    timers: *const u64,
+    pvtime: *const u8,
+    out: *mut header::RustkvmVcpuInfo,
+) {
+    // SAFETY: forwarded caller contract for each pointer.
+    let (v, t, p, out) = unsafe {
+        (
+            vcpu_ref(vcpu),
+            timers.cast::<[u64; 4]>().as_ref(),
+            pvtime.cast::<[u8; 64]>().as_ref(),
+            out.as_mut(),
+        )
+    };
+    let (Some(v), Some(out)) = (v, out) else {
+        return;
+    };
+    let [cntv_ctl, cntv_cval, cntp_ctl, cntp_cval] = t.copied().unwrap_or_default();
+    let timers = info::ArmTimers {
+        cntv_ctl,
+        cntv_cval,
+        cntp_ctl,
+        cntp_cval,
+    };
+    fill_info(&v.arm_info(p, timers), out);
 }
 
 /// x86 vCPU setup after reset.

@@ -15,6 +15,7 @@ pub mod arm;
 pub mod error;
 pub mod ffi;
 pub mod host;
+pub mod info;
 pub mod memory;
 pub mod steal;
 pub mod vcpu;

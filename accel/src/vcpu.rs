@@ -867,6 +867,41 @@ impl Vcpu {
         })
     }
 
+    /// The x86 PMU this vCPU has, for `query-rustkvm`.
+    pub fn x86_pmu_shape(&self) -> crate::info::X86PmuShape {
+        self.local(|l| crate::info::X86PmuShape::from_config(l.pmu.config))
+    }
+
+    /// The arm64 PV time structure's IPA if the guest asked for it
+    /// (PV_TIME_ST since the last reset), else 0.
+    pub fn arm_pvtime_ipa(&self) -> u64 {
+        let s = self.lock();
+        if s.pvtime.active != 0 {
+            s.pvtime.base
+        } else {
+            0
+        }
+    }
+
+    /// What `query-rustkvm` reports for an arm64 vCPU: the PMU and PV time
+    /// from the models, the structure's bytes as read from guest memory
+    /// (None if unread), QEMU's timer registers.
+    pub fn arm_info(
+        &self,
+        pvtime: Option<&[u8; 64]>,
+        timers: crate::info::ArmTimers,
+    ) -> crate::info::VcpuInfo {
+        let ipa = self.arm_pvtime_ipa();
+        let regs = self.arm_pmu_save();
+        let config = self.local(|l| l.arm_pmu.config());
+        let pmu = config.counters.map(|n| crate::info::ArmPmu {
+            counters: usize::from(n),
+            v3p5: config.v3p5,
+            regs: &regs,
+        });
+        crate::info::arm(pmu, (ipa != 0, ipa, pvtime), timers)
+    }
+
     /// Whether the vCPU has rustkvm's arm64 PMUv3.
     pub fn arm_pmu_present(&self) -> bool {
         self.local(|l| l.arm_pmu.present())

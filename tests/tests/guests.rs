@@ -596,6 +596,11 @@ fn qemu_cmd(arch: Arch, args: &[&str]) -> (bool, String) {
 /// Start QEMU with `args` and an HMP monitor on stdin that says `quit`:
 /// whether it started (and quit) cleanly, and what it printed.
 fn qemu_start_and_quit(arch: Arch, args: &[&str]) -> (bool, String) {
+    qemu_monitor(arch, args, "")
+}
+
+/// [`qemu_start_and_quit`], saying the HMP command `cmd` first.
+fn qemu_monitor(arch: Arch, args: &[&str], cmd: &str) -> (bool, String) {
     use std::io::Write;
     let mut child = Command::new(qemu::emulator(arch).expect("emulator built"))
         .args(args)
@@ -605,7 +610,11 @@ fn qemu_start_and_quit(arch: Arch, args: &[&str]) -> (bool, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("QEMU ran");
-    let _ = child.stdin.take().expect("stdin").write_all(b"quit\n");
+    let _ = child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{cmd}\nquit\n").as_bytes());
     let out = child.wait_with_output().expect("QEMU ended");
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -889,4 +898,285 @@ fn arm64_pmu_counters_survive_migration_exactly() {
         assert!(serial.contains(&format!("ok {check}")), "{serial}");
     }
     assert!(!serial.contains("not ok"), "{serial}");
+}
+
+/// What the `introspect` guest set and what rustkvm reported about it.
+struct Introspection {
+    /// The guest's `measure` lines.
+    measures: std::collections::BTreeMap<String, String>,
+    /// `query-rustkvm`'s return value.
+    query: serde_json::Value,
+    /// `info rustkvm`'s text.
+    hmp: String,
+    /// The guest's whole console.
+    serial: String,
+}
+
+/// Send one QMP command and return its `return` (or `error`) object.
+fn qmp(
+    out: &mut std::os::unix::net::UnixStream,
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    cmd: serde_json::Value,
+) -> serde_json::Value {
+    use std::io::Write;
+    writeln!(out, "{cmd}").expect("QMP write");
+    for line in lines.map_while(Result::ok) {
+        let v: serde_json::Value = serde_json::from_str(&line).expect("QMP JSON");
+        if v.get("return").is_some() || v.get("error").is_some() {
+            return v;
+        }
+    }
+    panic!("QMP closed during {cmd}");
+}
+
+/// Boot `introspect` with a QMP socket, wait for its "ready", query
+/// rustkvm, release the guest and check that it passed.
+fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+
+    let t = find_test("introspect");
+    let exe = qemu::emulator(arch).expect("emulator");
+    let sock = std::env::temp_dir().join(format!(
+        "rustkvm-qmp-{}-{arch}-{backend}.sock",
+        std::process::id()
+    ));
+    let mut child = Command::new("timeout")
+        .arg("90")
+        .arg(&exe)
+        .args(qemu::command_args(
+            arch,
+            backend,
+            Variant::Default,
+            1,
+            cpu,
+            &t.binary(arch),
+        ))
+        .args([
+            "-qmp",
+            &format!("unix:{},server=on,wait=off", sock.display()),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("QEMU");
+    let mut serial_lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut serial = String::new();
+    for l in serial_lines.by_ref().map_while(Result::ok) {
+        serial += &l;
+        serial.push('\n');
+        if l.trim_end() == "ready" {
+            break;
+        }
+    }
+    assert!(
+        serial.contains("ready\n"),
+        "{arch}/{backend}: guest never got ready:\n{serial}"
+    );
+    let stream = UnixStream::connect(&sock).expect("QMP socket");
+    let mut out = stream.try_clone().unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    let _greeting = lines.next();
+    qmp(
+        &mut out,
+        &mut lines,
+        serde_json::json!({"execute": "qmp_capabilities"}),
+    );
+    let query = qmp(
+        &mut out,
+        &mut lines,
+        serde_json::json!({"execute": "query-rustkvm"}),
+    );
+    let hmp = qmp(
+        &mut out,
+        &mut lines,
+        serde_json::json!({"execute": "human-monitor-command",
+                           "arguments": {"command-line": "info rustkvm"}}),
+    );
+    // Release the guest; it exits with its verdict.
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = stdin.write_all(b"x");
+    drop(stdin);
+    for l in serial_lines.map_while(Result::ok) {
+        serial += &l;
+        serial.push('\n');
+    }
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+    let measures = serial
+        .lines()
+        .filter_map(|l| l.trim_end().strip_prefix("measure "))
+        .filter_map(|r| r.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert!(
+        serial.contains("ok released-by-host") && !serial.contains("not ok"),
+        "{arch}/{backend}:\n{serial}"
+    );
+    Introspection {
+        measures,
+        query: query["return"].clone(),
+        hmp: hmp["return"].as_str().unwrap_or_default().to_string(),
+        serial,
+    }
+}
+
+/// The shape of a `query-rustkvm` answer: every key path, arrays by their
+/// first element, PMU counter and timer names left out (hardware differs).
+fn schema(v: &serde_json::Value, path: &str, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{path}/{k}");
+                out.insert(p.clone());
+                schema(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            if let Some(x) = a.first() {
+                schema(x, &format!("{path}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex measure")
+}
+
+/// query-rustkvm returns what the guest set, on every backend, in one
+/// schema: steal time and kvmclock GPAs and enables, the armed timer, the
+/// counting PMU counter (exact instruction counts are the PMU tests' job:
+/// here it must be enabled and have counted).
+#[test]
+fn query_rustkvm_reports_what_the_guest_set_in_one_schema_on_both_backends() {
+    let _serial = serial();
+    let mut x86_schemas = Vec::new();
+    let mut backends = vec![Backend::Rustkvm];
+    if rustkvm_tests::host::kvm_unavailable(Arch::X86_64).is_none() {
+        backends.push(Backend::Kvm);
+    } else {
+        println!(
+            "kvm: SKIP({})",
+            rustkvm_tests::host::kvm_unavailable(Arch::X86_64).unwrap()
+        );
+    }
+    for backend in backends {
+        let r = introspect(Arch::X86_64, backend, Some("max"));
+        let q = &r.query;
+        let ctx = format!("x86_64/{backend}: {q}\n{}", r.serial);
+        assert_eq!(
+            q["backend"],
+            if backend == Backend::Kvm {
+                "kvm"
+            } else {
+                "tcg"
+            },
+            "{ctx}"
+        );
+        assert_eq!(q["arch"], "x86_64", "{ctx}");
+        let v = &q["vcpus"][0];
+        assert_eq!(v["cpu-index"], 0, "{ctx}");
+        assert_eq!(v["steal-time"]["enabled"], true, "{ctx}");
+        assert_eq!(
+            v["steal-time"]["gpa"].as_u64(),
+            Some(hex(&r.measures["steal.gpa"])),
+            "{ctx}"
+        );
+        // Updated at least once, and not mid-update.
+        let version = v["steal-time"]["version"].as_u64().expect("version");
+        assert!(version >= 2 && version % 2 == 0, "{ctx}");
+        assert_eq!(v["pvclock"]["enabled"], true, "{ctx}");
+        assert_eq!(
+            v["pvclock"]["gpa"].as_u64(),
+            Some(hex(&r.measures["pvclock.gpa"])),
+            "{ctx}"
+        );
+        let timer = |name: &str| {
+            v["timer"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["name"] == name))
+                .and_then(|x| x["value"].as_u64())
+        };
+        if let Some(d) = r.measures.get("tsc-deadline") {
+            assert_eq!(timer("tsc-deadline"), Some(hex(d)), "{ctx}");
+        }
+        assert!(timer("tsc").is_some_and(|t| t > 0), "{ctx}");
+        let counters = v["pmu"]["counters"].as_array().expect("counters");
+        if r.measures["pmu"] == "counting" {
+            assert!(v["pmu"]["version"].as_u64() > Some(0), "{ctx}");
+            let c = &counters[0];
+            assert_eq!(c["name"], "gp0", "{ctx}");
+            assert_eq!(c["enabled"], true, "{ctx}");
+            assert!(c["value"].as_u64() > Some(1000), "{ctx}");
+        } else {
+            // This host's KVM has no vPMU: reported as none, not made up.
+            assert_eq!(backend, Backend::Kvm, "{ctx}");
+            assert!(rustkvm_tests::host::kvm_no_pmu().is_some(), "{ctx}");
+            assert_eq!(v["pmu"]["version"], 0, "{ctx}");
+            assert!(counters.is_empty(), "{ctx}");
+        }
+        assert!(
+            r.hmp
+                .contains(&format!("backend={}", q["backend"].as_str().unwrap()))
+                && r.hmp.contains("vcpu 0: steal-time on"),
+            "{}",
+            r.hmp
+        );
+        let mut s = std::collections::BTreeSet::new();
+        schema(q, "", &mut s);
+        // Optional by schema: the PMU's global registers (PMU v2 only) and
+        // a counter list's element shape (empty without a PMU).
+        s.retain(|p| !p.contains("/global-") && !p.contains("/counters[]"));
+        x86_schemas.push((backend, s));
+    }
+    if let [(a, sa), (b, sb)] = &x86_schemas[..] {
+        assert_eq!(sa, sb, "{a} and {b} answer in different shapes");
+    }
+
+    let r = introspect(Arch::Aarch64, Backend::Rustkvm, None);
+    let q = &r.query;
+    let ctx = format!("aarch64/rustkvm: {q}\n{}", r.serial);
+    assert_eq!(
+        (q["backend"].as_str(), q["arch"].as_str()),
+        (Some("tcg"), Some("aarch64")),
+        "{ctx}"
+    );
+    let v = &q["vcpus"][0];
+    assert_eq!(v["steal-time"]["enabled"], true, "{ctx}");
+    assert_eq!(
+        v["steal-time"]["gpa"].as_u64(),
+        Some(hex(&r.measures["steal.gpa"])),
+        "{ctx}"
+    );
+    assert!(v.get("pvclock").is_none(), "{ctx}");
+    let cval = v["timer"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == "cntv-cval"))
+        .and_then(|x| x["value"].as_u64());
+    assert_eq!(cval, Some(hex(&r.measures["cntv-cval"])), "{ctx}");
+    assert_eq!(r.measures["pmu"], "counting", "{ctx}");
+    let evt0 = &v["pmu"]["counters"][0];
+    assert!(
+        evt0["name"] == "evt0"
+            && evt0["config"] == 8
+            && evt0["enabled"] == true
+            && evt0["value"].as_u64() > Some(1000),
+        "{ctx}"
+    );
+    assert_eq!(v["pmu"]["version"], 6, "{ctx}");
+
+    // Without rustkvm: a clear error, not an empty answer.
+    let (_, text) = qemu_monitor(
+        Arch::X86_64,
+        &["-accel", "tcg", "-M", "none"],
+        "info rustkvm",
+    );
+    assert!(
+        text.contains("rustkvm is not in use (start QEMU with -accel rustkvm)"),
+        "{text}"
+    );
 }

@@ -345,6 +345,11 @@ impl Pmu {
         self.config.counters.is_some()
     }
 
+    /// What the guest was given.
+    pub fn config(&self) -> PmuConfig {
+        self.config
+    }
+
     fn exists(&self, i: usize) -> bool {
         i == CYCLE_IDX || i < self.config.n()
     }

@@ -397,6 +397,16 @@ impl PmuConfig {
         ..PmuConfig::DEFAULT
     };
 
+    /// General-purpose counters that exist.
+    pub fn gp_counters(self) -> usize {
+        self.gp()
+    }
+
+    /// Fixed counters that exist (Intel only).
+    pub fn fixed_counters(self) -> usize {
+        self.fixed()
+    }
+
     fn gp(self) -> usize {
         if self.version == 0 {
             0

@@ -178,6 +178,18 @@ pub fn putc(b: u8) {
     }
 }
 
+/// A byte from the PL011 if one arrived (UARTFR.RXFE clear), else None.
+pub fn getc() -> Option<u8> {
+    // SAFETY: the virt machine's PL011 is at these addresses; MMIO is volatile.
+    unsafe {
+        if UART_FR.read_volatile() & (1 << 4) != 0 {
+            None
+        } else {
+            Some(UART_DR.cast_const().read_volatile() as u8)
+        }
+    }
+}
+
 /// End the guest through semihosting SYS_EXIT with `status`.
 pub fn exit(status: u32) -> ! {
     let block = [ADP_STOPPED_APPLICATION_EXIT, u64::from(status)];

@@ -482,6 +482,11 @@ pub fn putc(b: u8) {
     outb(COM1, b);
 }
 
+/// A byte from COM1 if one arrived (LSR bit 0: data ready), else None.
+pub fn getc() -> Option<u8> {
+    (inb(COM1_LSR) & 1 != 0).then(|| inb(COM1))
+}
+
 /// End the guest: QEMU exits with `(status << 1) | 1`.
 pub fn exit(status: u32) -> ! {
     outl(DEBUG_EXIT_PORT, status);
