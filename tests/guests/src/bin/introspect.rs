@@ -59,7 +59,11 @@ fn main(t: &mut Test) {
         return;
     }
     let st = addr_of!(ST) as u64;
-    t.eq("steal-time", arch::wrmsr(MSR_KVM_STEAL_TIME, st | 1), Ok(()));
+    t.eq(
+        "steal-time",
+        arch::wrmsr(MSR_KVM_STEAL_TIME, st | 1),
+        Ok(()),
+    );
     t.measure("steal.gpa", format_args!("{st:#x}"));
     let pvti = addr_of!(PVTI) as u64;
     t.eq(
@@ -78,8 +82,8 @@ fn main(t: &mut Test) {
     // A counter, on whichever PMU there is: Intel's architectural one
     // (GP0 + GLOBAL_CTRL bit 0) or AMD's (PerfEvtSel0; PerfMonV2's global
     // control resets to all enabled).
-    let intel_pmu = arch::cpuid(0, 0)[1] == u32::from_le_bytes(*b"Genu")
-        && arch::cpuid(0xa, 0)[0] & 0xff >= 2;
+    let intel_pmu =
+        arch::cpuid(0, 0)[1] == u32::from_le_bytes(*b"Genu") && arch::cpuid(0xa, 0)[0] & 0xff >= 2;
     let amd_pmu = arch::cpuid(0, 0)[1] == u32::from_le_bytes(*b"Auth")
         && arch::rdmsr(0xc001_0000).is_ok()
         && arch::wrmsr(0xc001_0000, EVTSEL_INSNS).is_ok()
@@ -88,7 +92,11 @@ fn main(t: &mut Test) {
         t.eq("gp0", arch::wrmsr(0x186, EVTSEL_INSNS), Ok(()));
         t.eq("global-ctrl", arch::wrmsr(0x38f, 1), Ok(()));
     }
-    let pmu = if intel_pmu || amd_pmu { "counting" } else { "none" };
+    let pmu = if intel_pmu || amd_pmu {
+        "counting"
+    } else {
+        "none"
+    };
     t.measure("pmu", format_args!("{pmu}"));
     guest::println!("ready");
     // 30 s at 2 GHz.
