@@ -87,10 +87,10 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     COUNTER_OFFSET.store(vm_config.counter_offset, Ordering::Relaxed);
     let memory = Box::new(HostMemory(config.ops));
     let machine = Arc::new(Vm::with_memory(vm_config, memory));
-    if vm_config.mttcg && vm_config.arch == Arch::X86_64 {
+    if vm_config.mttcg {
         // Host preemption of a vCPU thread is only visible from outside it.
         // Without the sampler, steal time still works; only the MTTCG
-        // preempted hint and timely steal updates are lost.
+        // preempted hint (x86) and timely steal updates are lost.
         if let Err(e) = machine.start_sampler(std::time::Duration::from_millis(2)) {
             eprintln!("rustkvm: warning: no steal-time sampler thread ({e}): no preempted hint under MTTCG");
         }

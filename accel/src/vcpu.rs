@@ -414,10 +414,15 @@ impl Vcpu {
 
     /// MTTCG sampler tick: `last` is what the previous tick saw of this
     /// vCPU's thread (run, delay ns) and is updated; `interval_ns` since then.
-    /// Returns whether the vCPU has steal time on (is worth watching).
+    /// Returns whether the vCPU has steal time (x86) or PV time (arm64) on
+    /// (is worth watching).
     pub fn sample(&self, last: &mut Option<(u64, u64)>, interval_ns: u64) -> bool {
         let tid = self.tid.load(Ordering::Relaxed);
-        if tid == 0 || !self.lock().steal.enabled() {
+        let on = {
+            let s = self.lock();
+            s.steal.enabled() || s.pvtime.active != 0
+        };
+        if tid == 0 || !on {
             *last = None;
             return false;
         }
@@ -426,9 +431,10 @@ impl Vcpu {
         };
         if let Some((_, delay0)) = *last {
             let waited = delay.saturating_sub(delay0);
-            self.lock()
-                .steal
-                .sample(&*self.shared.host, delay, waited, interval_ns);
+            let mem = &*self.shared.host;
+            let mut s = self.lock();
+            s.steal.sample(mem, delay, waited, interval_ns);
+            s.pvtime.sample(mem, delay);
         }
         *last = Some((run, delay));
         true

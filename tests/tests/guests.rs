@@ -1180,3 +1180,140 @@ fn query_rustkvm_reports_what_the_guest_set_in_one_schema_on_both_backends() {
         "{text}"
     );
 }
+
+/// `/proc/PID/task/TID/schedstat` field 2: ns the thread waited runnable.
+fn run_delay_ns(pid: u32, tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The thread of QEMU `pid` named `CPU 0/...` (with `-name debug-threads=on`).
+fn vcpu0_thread(pid: u32) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("CPU 0/"))
+        })?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// Linux's KVM selftest `steal_time.c`, on a backend: the vCPU's stolen
+/// time at the guest's first sync is at most its thread's run_delay; a
+/// thread pinned to the vCPU thread's host CPU then keeps it off the CPU
+/// for at least MIN_RUN_DELAY, and the stolen time the guest sees grows by
+/// at least that much. The guest checks the structure itself (version even
+/// and growing, flags and preempted 0; arm64 revision and attributes 0).
+fn steal_time_selftest(arch: Arch, backend: Backend) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    /// The selftest's MIN_RUN_DELAY_NS is 200 ms.
+    const MIN_RUN_DELAY_NS: u64 = 200_000_000;
+
+    let t = find_test("steal-time-selftest");
+    let host_cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let mut child = Command::new("taskset")
+        .args(["-c", &host_cpu.to_string()])
+        .arg(qemu::emulator(arch).expect("emulator"))
+        .args(qemu::command_args(
+            arch,
+            backend,
+            Variant::Default,
+            1,
+            t.cpu.as_deref(),
+            &t.binary(arch),
+        ))
+        .args(["-name", "debug-threads=on"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("QEMU");
+    let pid = child.id();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut serial = String::new();
+    for l in lines.by_ref().map_while(Result::ok) {
+        serial += &l;
+        serial.push('\n');
+        if l.trim_end() == "sync0" {
+            break;
+        }
+    }
+    let ctx = format!("{arch}/{backend}");
+    assert!(serial.contains("sync0\n"), "{ctx}: no sync0:\n{serial}");
+    let tid = vcpu0_thread(pid).expect("vCPU 0 thread");
+    let rd0 = run_delay_ns(pid, tid);
+    let measure = |serial: &str, key: &str| -> u64 {
+        serial
+            .lines()
+            .find_map(|l| l.trim_end().strip_prefix(&format!("measure {key} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{ctx}: no {key} in\n{serial}"))
+    };
+    let stolen0 = measure(&serial, "stolen.sync0");
+    assert!(stolen0 <= rd0, "{ctx}: stolen {stolen0} > run_delay {rd0}");
+
+    // Steal from the vCPU: a busy thread on its host CPU.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    let hog = std::thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it;
+        // sched_setaffinity(0, ...) pins this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(host_cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        while !stop2.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let t0 = std::time::Instant::now();
+    while run_delay_ns(pid, tid) - rd0 < MIN_RUN_DELAY_NS
+        && t0.elapsed() < std::time::Duration::from_secs(20)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    hog.join().unwrap();
+    let forced = run_delay_ns(pid, tid) - rd0;
+    assert!(
+        forced >= MIN_RUN_DELAY_NS,
+        "{ctx}: run_delay grew only {forced} ns"
+    );
+
+    let _ = child.stdin.take().unwrap().write_all(b"x");
+    for l in lines.map_while(Result::ok) {
+        serial += &l;
+        serial.push('\n');
+    }
+    let _ = child.wait();
+    assert!(
+        serial.contains("ok released-by-host") && !serial.contains("not ok"),
+        "{ctx}:\n{serial}"
+    );
+    let grown = measure(&serial, "stolen.sync1") - stolen0;
+    println!("{ctx}: forced run_delay {forced} ns, stolen grew {grown} ns");
+    assert!(
+        grown >= forced,
+        "{ctx}: stolen grew {grown} ns < forced run_delay {forced} ns\n{serial}"
+    );
+}
+
+#[test]
+fn steal_time_follows_the_kvm_selftest_on_every_backend() {
+    let _serial = serial();
+    steal_time_selftest(Arch::X86_64, Backend::Rustkvm);
+    steal_time_selftest(Arch::Aarch64, Backend::Rustkvm);
+    match rustkvm_tests::host::kvm_unavailable(Arch::X86_64) {
+        None => steal_time_selftest(Arch::X86_64, Backend::Kvm),
+        Some(why) => println!("x86_64/kvm: SKIP({why})"),
+    }
+}

@@ -102,6 +102,21 @@ impl PvTime {
             return;
         }
         self.clock.enter(threading, now_ns, run_delay_ns);
+        self.fold(mem);
+    }
+
+    /// MTTCG sampler tick (`crate::vm::Vm::start_sampler`): the vCPU thread's
+    /// run delay is now `run_delay_ns`. Folds the growth in without waiting
+    /// for the next entry, as KVM updates the structure whenever the vCPU
+    /// thread is scheduled back in (`kvm_arch_vcpu_load`).
+    pub fn sample(&mut self, mem: &dyn GuestMemory, run_delay_ns: u64) {
+        if self.active != 0 && self.clock.sample(run_delay_ns) {
+            self.fold(mem);
+        }
+    }
+
+    /// Add what was stolen and not yet written to `stolen_time`.
+    fn fold(&mut self, mem: &dyn GuestMemory) {
         let steal = self.clock.take();
         if steal == 0 {
             return;
@@ -165,6 +180,26 @@ mod tests {
         p.enter(&ram, mm, 3, 1_700);
         p.enter(&ram, mm, 4, 2_000);
         assert_eq!(stolen(&ram), 1_000);
+        assert_eq!(ram.writes_outside(BASE, layout::SIZE), 0);
+    }
+
+    #[test]
+    fn the_mttcg_sampler_folds_run_delay_in_between_entries() {
+        let ram = FakeRam::new(0x4000);
+        let mut p = PvTime::default();
+        p.set_base(BASE).unwrap();
+        p.sample(&ram, 500);
+        assert_eq!(ram.write_count(), 0, "inactive: never written");
+        p.init(&ram);
+        let mm = Threading::Mttcg;
+        p.sample(&ram, 500);
+        assert_eq!(stolen(&ram), 0, "no entry yet: nothing to count from");
+        p.enter(&ram, mm, 1, 1_000);
+        p.sample(&ram, 1_600);
+        assert_eq!(stolen(&ram), 600, "written without an entry");
+        p.sample(&ram, 1_600);
+        p.enter(&ram, mm, 2, 1_900);
+        assert_eq!(stolen(&ram), 900, "the entry adds only what is new");
         assert_eq!(ram.writes_outside(BASE, layout::SIZE), 0);
     }
 
