@@ -283,6 +283,11 @@ pub fn command_args(
             .map(|s| s.to_string()),
     );
     args.push(kernel.display().to_string());
+    // Guests read which backend runs them (per-backend tolerances).
+    args.extend([
+        "-fw_cfg".to_string(),
+        format!("name=opt/rustkvm/backend,string={}", backend.name()),
+    ]);
     let cpu = match backend {
         Backend::Kvm => crate::host::kvm_cpu(cpu),
         _ => cpu.map(str::to_string),

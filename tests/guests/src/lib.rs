@@ -32,6 +32,101 @@ pub const EXIT_FAIL: u32 = 1;
 /// Exit status: the test does not apply here (e.g. feature absent).
 pub const EXIT_SKIP: u32 = 2;
 
+/// What runs the guest, as the runner says in the fw_cfg file
+/// `opt/rustkvm/backend` (`tcg`, `rustkvm`, `kvm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Stock TCG.
+    Tcg,
+    /// `-accel rustkvm` (TCG with rustkvm's models).
+    Rustkvm,
+    /// `-accel rustkvm,backend=kvm` (the host's KVM).
+    Kvm,
+}
+
+/// fw_cfg's file directory item (FW_CFG_FILE_DIR).
+const FW_CFG_FILE_DIR: u16 = 0x19;
+
+/// Read the fw_cfg file `name` into `buf`: its length, or None if absent.
+pub fn fw_cfg_file(name: &str, buf: &mut [u8]) -> Option<usize> {
+    let be32 = || (0..4).fold(0u32, |v, _| (v << 8) | u32::from(arch::fw_cfg_read()));
+    arch::fw_cfg_select(FW_CFG_FILE_DIR);
+    let count = be32();
+    for _ in 0..count.min(4096) {
+        // struct FWCfgFile: be32 size, be16 select, be16 reserved, name[56].
+        let size = be32() as usize;
+        let select = (u16::from(arch::fw_cfg_read()) << 8) | u16::from(arch::fw_cfg_read());
+        let _ = (arch::fw_cfg_read(), arch::fw_cfg_read());
+        let mut matches = true;
+        let want = name.as_bytes();
+        for i in 0..56 {
+            let b = arch::fw_cfg_read();
+            let w = want.get(i).copied().unwrap_or(0);
+            matches &= b == w || (i > want.len() && b == 0);
+        }
+        if matches {
+            arch::fw_cfg_select(select);
+            let n = size.min(buf.len());
+            for b in &mut buf[..n] {
+                *b = arch::fw_cfg_read();
+            }
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// The backend the runner says runs this guest (None: not told).
+pub fn backend() -> Option<Backend> {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    /// 0: not read yet; 1..=3: a backend; 4: not told.
+    static CACHED: AtomicU8 = AtomicU8::new(0);
+    let code = match CACHED.load(Ordering::Relaxed) {
+        0 => {
+            let mut buf = [0u8; 16];
+            let n = fw_cfg_file("opt/rustkvm/backend", &mut buf).unwrap_or(0);
+            let code = match &buf[..n] {
+                b"tcg" => 1,
+                b"rustkvm" => 2,
+                b"kvm" => 3,
+                _ => 4,
+            };
+            CACHED.store(code, Ordering::Relaxed);
+            code
+        }
+        c => c,
+    };
+    match code {
+        1 => Some(Backend::Tcg),
+        2 => Some(Backend::Rustkvm),
+        3 => Some(Backend::Kvm),
+        _ => None,
+    }
+}
+
+/// How far a measured count may be from the exact one, stated once per
+/// test: emulation (tcg, rustkvm) counts exactly; hardware (`kvm`) has skid
+/// and counts around the measured code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tolerance {
+    /// Allowed difference on the `kvm` backend.
+    pub hardware: u64,
+}
+
+impl Tolerance {
+    /// Exact everywhere.
+    pub const EXACT: Tolerance = Tolerance { hardware: 0 };
+
+    /// The difference allowed on the backend running this guest.
+    pub fn here(self) -> u64 {
+        if backend() == Some(Backend::Kvm) {
+            self.hardware
+        } else {
+            0
+        }
+    }
+}
+
 /// Result collector handed to each guest's `main`.
 #[derive(Debug, Default)]
 pub struct Test {
@@ -56,6 +151,16 @@ impl Test {
     pub fn eq<T: PartialEq + fmt::Debug>(&mut self, name: &str, got: T, want: T) {
         let pass = got == want;
         self.check(name, pass, format_args!("got {got:?}, want {want:?}"));
+    }
+
+    /// A count: `want` exactly under emulation, within `tol` on hardware.
+    pub fn count(&mut self, name: &str, got: u64, want: u64, tol: Tolerance) {
+        let slack = tol.here();
+        self.check(
+            name,
+            got.abs_diff(want) <= slack,
+            format_args!("got {got}, want {want} ± {slack}"),
+        );
     }
 
     /// Record a skipped check.

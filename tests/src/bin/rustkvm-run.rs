@@ -112,7 +112,9 @@ fn real_main() -> Result<ExitCode, HarnessError> {
         }
     }
     let mut differ = 0;
-    for r in results.iter().filter(|r| r.backend != Backend::Tcg) {
+    // rustkvm must answer as tcg does line for line (outside what each test
+    // marks as differing); kvm is real hardware with its own CPU model.
+    for r in results.iter().filter(|r| r.backend == Backend::Rustkvm) {
         let Some(reference) = results.iter().find(|t| {
             t.backend == Backend::Tcg
                 && t.test == r.test

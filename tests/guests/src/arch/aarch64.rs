@@ -190,6 +190,23 @@ pub fn getc() -> Option<u8> {
     }
 }
 
+/// The virt machine's fw_cfg: data register (8-bit reads).
+const FW_CFG_DATA: *const u8 = 0x0902_0000 as *const u8;
+/// Its selector register (16-bit, big-endian).
+const FW_CFG_SELECTOR: *mut u16 = 0x0902_0008 as *mut u16;
+
+/// Select fw_cfg item `key`.
+pub fn fw_cfg_select(key: u16) {
+    // SAFETY: the virt machine's fw_cfg is at this address; MMIO is volatile.
+    unsafe { FW_CFG_SELECTOR.write_volatile(key.to_be()) }
+}
+
+/// Next byte of the selected fw_cfg item.
+pub fn fw_cfg_read() -> u8 {
+    // SAFETY: as above.
+    unsafe { FW_CFG_DATA.read_volatile() }
+}
+
 /// End the guest through semihosting SYS_EXIT with `status`.
 pub fn exit(status: u32) -> ! {
     let block = [ADP_STOPPED_APPLICATION_EXIT, u64::from(status)];

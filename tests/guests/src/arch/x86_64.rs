@@ -470,6 +470,22 @@ pub fn inb(port: u16) -> u8 {
     value
 }
 
+/// Write a 16-bit value to an I/O port.
+pub fn outw(port: u16, value: u16) {
+    // SAFETY: port I/O has no memory effects visible to Rust.
+    unsafe { asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack)) }
+}
+
+/// Select fw_cfg item `key` (selector port 0x510, little-endian on x86).
+pub fn fw_cfg_select(key: u16) {
+    outw(0x510, key);
+}
+
+/// Next byte of the selected fw_cfg item (data port 0x511).
+pub fn fw_cfg_read() -> u8 {
+    inb(0x511)
+}
+
 /// Write a 32-bit value to an I/O port.
 pub fn outl(port: u16, value: u32) {
     // SAFETY: port I/O has no memory effects visible to Rust.

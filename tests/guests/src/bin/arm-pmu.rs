@@ -25,7 +25,10 @@ fn main(t: &mut Test) {
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
     use core::arch::asm;
-    use guest::{read_sysreg, write_sysreg};
+    use guest::{read_sysreg, write_sysreg, Tolerance};
+    /// What hardware (the `kvm` backend) may add to a count around the
+    /// measured code; emulation counts exactly.
+    const COUNT: Tolerance = Tolerance { hardware: 16 };
 
     /// PMCR_EL0: E, P, N (bits 15:11).
     const E: u64 = 1 << 0;
@@ -96,9 +99,9 @@ fn main(t: &mut Test) {
             read_sysreg!("pmevcntr1_el0"),
             read_sysreg!("pmevcntr2_el0"),
         );
-        t.eq("loop.instructions", (n, insns), (n, 3 * n + 2));
-        t.eq("loop.branches", (n, branches), (n, n));
-        t.eq("loop.mem-access", (n, mem), (n, n));
+        t.count("loop.instructions", insns, 3 * n + 2, COUNT);
+        t.count("loop.branches", branches, n, COUNT);
+        t.count("loop.mem-access", mem, n, COUNT);
     }
 
     // P excludes EL1: a counter filtered out of EL1 counts nothing here.

@@ -1,10 +1,12 @@
 //! rustkvm-test: arch=x86_64,aarch64
-//! rustkvm-test: vary=cpuid.40000000.signature,cpuid.40000001.eax
+//! rustkvm-test: vary=cpuid.40000000.signature,cpuid.40000001.eax,backend
 //!
 //! Boots, identifies the CPU and what hypervisor interface it sees, and exits.
 //! The smallest end-to-end check of a backend: serial output, exit status,
 //! and (on every backend) the same answers as plain TCG, except the
-//! hypervisor signature (rustkvm answers KVM's).
+//! hypervisor signature (rustkvm answers KVM's). It also reads which backend
+//! the runner says runs it (fw_cfg `opt/rustkvm/backend`, what per-backend
+//! tolerances go by).
 #![no_std]
 #![no_main]
 
@@ -12,9 +14,21 @@ use guest::{arch, println, Test};
 
 guest::entry!(main);
 
+/// The runner names the backend on fw_cfg.
+fn backend(t: &mut Test) {
+    let b = guest::backend();
+    t.check(
+        "backend-named",
+        b.is_some(),
+        format_args!("no opt/rustkvm/backend"),
+    );
+    t.measure("backend", format_args!("{b:?}"));
+}
+
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
     println!("# hello from the x86_64 guest");
+    backend(t);
     let leaf0 = arch::cpuid(0, 0);
     let vendor = arch::cpuid_string([leaf0[1], leaf0[3], leaf0[2]]);
     t.measure(
@@ -53,6 +67,7 @@ fn main(t: &mut Test) {
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
     println!("# hello from the aarch64 guest");
+    backend(t);
     t.measure("midr_el1", format_args!("{:#x}", arch::midr()));
     t.measure("mpidr", format_args!("{:#x}", arch::mpidr()));
     let psci = arch::hvc(arch::PSCI_VERSION, [0; 3])[0];

@@ -34,7 +34,13 @@ mod pmu {
         GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, PMC0,
         SVR, USR,
     };
-    use guest::Test;
+    use guest::{Test, Tolerance};
+    /// What hardware (the `kvm` backend) may add to a count around the
+    /// measured code; emulation counts exactly.
+    const COUNT: Tolerance = Tolerance { hardware: 16 };
+    /// How far past the overflowing instruction a PMI may land on hardware
+    /// (skid, SDM vol. 3 §20.5.3; bytes of NOPs / loop); none in emulation.
+    const SKID: Tolerance = Tolerance { hardware: 64 };
 
     /// Start and stop counting through GLOBAL_CTRL.
     fn global(enable: u64) -> (u32, u64) {
@@ -232,9 +238,9 @@ mod pmu {
             program(OS | USR);
             counted_loop(global(ALL), GLOBAL_CTRL, n);
             let (insns, branches, fixed) = counts();
-            t.eq("loop.instructions", (n, insns), (n, 2 * n + 5));
-            t.eq("loop.branches", (n, branches), (n, n));
-            t.eq("loop.fixed-instructions", (n, fixed), (n, 2 * n + 5));
+            t.count("loop.instructions", insns, 2 * n + 5, COUNT);
+            t.count("loop.branches", branches, n, COUNT);
+            t.count("loop.fixed-instructions", fixed, 2 * n + 5, COUNT);
         }
 
         // GLOBAL_CTRL gates each counter; USR-only counts nothing at CPL 0.
@@ -286,7 +292,12 @@ mod pmu {
         let sled = nop_sled(global(1), GLOBAL_CTRL);
         let (n1, rip) = nmis();
         t.eq("pmi.instructions.count", n1 - n0, 1);
-        t.eq("pmi.instructions.zero-skid", rip.wrapping_sub(sled), 9);
+        t.count(
+            "pmi.instructions.zero-skid",
+            rip.wrapping_sub(sled),
+            9,
+            SKID,
+        );
         t.eq("pmi.instructions.status", rd(GLOBAL_STATUS), 1);
         t.eq(
             "pmi.instructions.counter-after",
@@ -308,7 +319,7 @@ mod pmu {
         let head = branch_loop(global(2), GLOBAL_CTRL, 20);
         let (n1, rip) = nmis();
         t.eq("pmi.branches.count", n1 - n0, 1);
-        t.eq("pmi.branches.zero-skid", rip, head);
+        t.count("pmi.branches.zero-skid", rip, head, SKID);
         t.eq("pmi.branches.status", rd(GLOBAL_STATUS), 2);
         // (15 JNZ after the overflow, then the stub's IRETQ)
         t.eq("pmi.branches.counter-after", rd(PMC0 + 1), 16);
