@@ -1,5 +1,5 @@
 //! rustkvm-test: arch=x86_64 compare=off vary=cycles.vmcall,cycles.cpuid,cycles.ratio.x1000
-//! rustkvm-kvm-pvm-skip: VMCALL never completes there (measured: the vCPU stays on the instruction)
+//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! The cost of a KVM hypercall against the cost of CPUID, the cheapest
 //! instruction that also leaves translated code for a helper: guest TSC

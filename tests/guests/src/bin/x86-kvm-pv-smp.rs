@@ -1,5 +1,5 @@
 //! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=ap.preempted-seen,ap.steal-ns
-//! rustkvm-kvm-pvm-skip: VMCALL never completes there (measured: the vCPU stays on the instruction)
+//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! The two-vCPU half of KVM's PV interface: KVM_HC_KICK_CPU wakes a vCPU
 //! halted with interrupts off (pv-unhalt), and one vCPU can read the other's

@@ -1,5 +1,5 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off
-//! rustkvm-kvm-pvm-skip: VMCALL never completes there (measured: the vCPU stays on the instruction)
+//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! KVM's paravirtual interface as a KVM guest sees it: the signature and
 //! feature leaves, and hypercalls through VMCALL and VMMCALL. SKIPs where
