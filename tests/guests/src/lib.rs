@@ -127,6 +127,19 @@ impl Tolerance {
     }
 }
 
+/// Wait for a byte from the host on the serial console, for at most `ticks`
+/// of the clock `now` (the host test's "go on"): whether one came.
+pub fn wait_for_host(ticks: u64, now: impl Fn() -> u64) -> bool {
+    let t0 = now();
+    while now().wrapping_sub(t0) < ticks {
+        if arch::getc().is_some() {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    false
+}
+
 /// Result collector handed to each guest's `main`.
 #[derive(Debug, Default)]
 pub struct Test {

@@ -14,21 +14,9 @@
 #![no_std]
 #![no_main]
 
-use guest::Test;
+use guest::{wait_for_host, Test};
 
 guest::entry!(main);
-
-/// Wait for a byte from the host (at most `ticks` of `now`).
-fn wait_for_host(ticks: u64, now: impl Fn() -> u64) -> bool {
-    let t0 = now();
-    while now().wrapping_sub(t0) < ticks {
-        if guest::arch::getc().is_some() {
-            return true;
-        }
-        core::hint::spin_loop();
-    }
-    false
-}
 
 #[cfg(target_arch = "x86_64")]
 static mut ST: guest::arch::KvmStealTime = guest::arch::KvmStealTime::new();
