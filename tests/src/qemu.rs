@@ -332,7 +332,10 @@ mod tests {
         let a = command_args(Arch::Aarch64, Backend::Tcg, Variant::Icount, 3, None, k);
         let s = a.join(" ");
         assert!(s.contains("-accel tcg -smp 3"), "{s}");
-        assert!(s.ends_with("-kernel /k -icount shift=0"), "{s}");
+        assert!(
+            s.ends_with("-kernel /k -fw_cfg name=opt/rustkvm/backend,string=tcg -icount shift=0"),
+            "{s}"
+        );
         assert!(s.starts_with("-M virt -cpu max"), "{s}");
     }
 
