@@ -13,6 +13,8 @@
 //! - `vary`: `measure` keys whose values legitimately differ between runs or
 //!   backends, left out of the cross-backend comparison;
 //! - `cpu`: the `-cpu` model (default: QEMU's default for the machine);
+//! - `machine`: options added to the machine (`-M virt,OPTS`), e.g.
+//!   `gic-version=3`;
 //! - `compare`: `off` for a test whose results differ between backends by
 //!   design (it checks a rustkvm feature and SKIPs where it is absent);
 //! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
@@ -54,6 +56,8 @@ pub struct GuestTest {
     pub vary: Vec<String>,
     /// `-cpu` model, if not the machine's default.
     pub cpu: Option<String>,
+    /// Options added to `-M`.
+    pub machine: Option<String>,
     /// Whether rustkvm's lines must equal tcg's.
     pub compare: bool,
     /// Whether the runner's matrix boots it.
@@ -78,6 +82,7 @@ impl GuestTest {
             timeout: Duration::from_secs(30),
             vary: Vec::new(),
             cpu: None,
+            machine: None,
             compare: true,
             matrix: true,
             needs: Vec::new(),
@@ -123,6 +128,7 @@ impl GuestTest {
                     }
                     "vary" => test.vary.extend(value.split(',').map(str::to_string)),
                     "cpu" => test.cpu = Some(value.to_string()),
+                    "machine" => test.machine = Some(value.to_string()),
                     "needs" => {
                         for n in value.split(',') {
                             if n != "pmu" {
@@ -215,6 +221,10 @@ mod tests {
         assert_eq!(t.timeout, Duration::from_secs(5));
         assert_eq!(t.vary, vec!["a", "b"]);
         assert_eq!(t.cpu.as_deref(), Some("max"));
+        assert_eq!(t.machine, None);
+        let m =
+            GuestTest::parse("g", "//! rustkvm-test: arch=aarch64 machine=gic-version=3").unwrap();
+        assert_eq!(m.machine.as_deref(), Some("gic-version=3"));
         assert!(!t.compare);
         assert!(t.matrix);
         let t = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64 matrix=off").unwrap();

@@ -242,6 +242,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             vary: vec!["t".into()],
             cpu: None,
+            machine: None,
             compare: true,
             matrix: true,
             needs: Vec::new(),

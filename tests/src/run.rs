@@ -199,6 +199,12 @@ pub fn run_with(
         test.cpu.as_deref(),
         &kernel,
     );
+    if let Some(m) = &test.machine {
+        // command_args puts the machine right after "-M".
+        if let Some(i) = args.iter().position(|a| a == "-M") {
+            args[i + 1] = format!("{},{m}", args[i + 1]);
+        }
+    }
     if !opts.accel_opts.is_empty() {
         // command_args puts the -accel value right after "-accel".
         if let Some(i) = args.iter().position(|a| a == "-accel") {

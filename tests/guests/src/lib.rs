@@ -16,6 +16,8 @@
 pub mod arch;
 pub mod console;
 pub mod cross;
+#[cfg(target_arch = "aarch64")]
+pub mod gic;
 pub mod workload;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_pmu;

@@ -23,60 +23,7 @@ fn main(t: &mut Test) {
 }
 
 #[cfg(target_arch = "aarch64")]
-mod gic {
-    //! The virt board's GICv2 (distributor 0x0800_0000, CPU interface
-    //! 0x0801_0000), Arm IHI 0048B.
-    const GICD: usize = 0x0800_0000;
-    const GICC: usize = 0x0801_0000;
-    /// GICD_CTLR: bit 0 enables forwarding.
-    const GICD_CTLR: usize = 0x000;
-    /// GICD_ISENABLER0: set-enable bits of interrupts 0..31 (banked per CPU).
-    const GICD_ISENABLER0: usize = 0x100;
-    /// GICD_ICENABLER0: clear-enable bits of interrupts 0..31.
-    const GICD_ICENABLER0: usize = 0x180;
-    /// GICC_CTLR: bit 0 enables signalling.
-    const GICC_CTLR: usize = 0x000;
-    /// GICC_PMR: priority mask.
-    const GICC_PMR: usize = 0x004;
-    /// GICC_IAR: acknowledge; 1023 = spurious (nothing pending).
-    const GICC_IAR: usize = 0x00c;
-    /// GICC_EOIR: end of interrupt.
-    const GICC_EOIR: usize = 0x010;
-    /// The interrupt ID GICC_IAR reads when nothing is pending.
-    pub const SPURIOUS: u32 = 1023;
-
-    fn w(addr: usize, v: u32) {
-        // SAFETY: GIC MMIO on the virt board, identity-mapped (MMU off).
-        unsafe { (addr as *mut u32).write_volatile(v) }
-    }
-    fn r(addr: usize) -> u32 {
-        // SAFETY: as above.
-        unsafe { (addr as *const u32).read_volatile() }
-    }
-
-    /// Enable the distributor, this CPU's interface and PPI `id`.
-    pub fn enable(id: u32) {
-        w(GICD + GICD_CTLR, 1);
-        w(GICC + GICC_PMR, 0xff);
-        w(GICC + GICC_CTLR, 1);
-        w(GICD + GICD_ISENABLER0, 1 << id);
-    }
-
-    /// Disable PPI `id`.
-    pub fn disable(id: u32) {
-        w(GICD + GICD_ICENABLER0, 1 << id);
-    }
-
-    /// Acknowledge the highest-priority pending interrupt (ID or SPURIOUS).
-    pub fn ack() -> u32 {
-        r(GICC + GICC_IAR) & 0x3ff
-    }
-
-    /// End interrupt `id`.
-    pub fn eoi(id: u32) {
-        w(GICC + GICC_EOIR, id);
-    }
-}
+use guest::gic::v2 as gic;
 
 #[cfg(target_arch = "aarch64")]
 mod timer {

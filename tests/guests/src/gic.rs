@@ -1,0 +1,129 @@
+//! The arm64 virt board's interrupt controller, polled (the guests run with
+//! PSTATE.I masked and acknowledge at the CPU interface): GICv2 (the
+//! default; distributor 0x0800_0000, CPU interface 0x0801_0000, Arm IHI
+//! 0048B) and GICv3 (`-M virt,gic-version=3`; redistributor of CPU 0 at
+//! 0x080A_0000, system-register CPU interface, Arm IHI 0069).
+
+/// The interrupt ID an acknowledge reads when nothing is pending.
+pub const SPURIOUS: u32 = 1023;
+
+const GICD: usize = 0x0800_0000;
+/// GICD_CTLR: v2 bit 0 enables forwarding; v3 bit 1 EnableGrp1, bit 4 ARE.
+const GICD_CTLR: usize = 0x000;
+/// GICD_ISENABLER0 / GICD_ICENABLER0 (v2: banked PPIs).
+const GICD_ISENABLER0: usize = 0x100;
+const GICD_ICENABLER0: usize = 0x180;
+/// GICD_IPRIORITYR (v2: banked for PPIs), one byte per interrupt.
+const GICD_IPRIORITYR: usize = 0x400;
+
+const GICC: usize = 0x0801_0000;
+/// GICC_CTLR: bit 0 enables signalling.
+const GICC_CTLR: usize = 0x000;
+/// GICC_PMR: priority mask.
+const GICC_PMR: usize = 0x004;
+/// GICC_IAR: acknowledge.
+const GICC_IAR: usize = 0x00c;
+/// GICC_EOIR: end of interrupt.
+const GICC_EOIR: usize = 0x010;
+
+/// CPU 0's redistributor (RD_base); its SGI/PPI frame follows at +64 KiB.
+const GICR: usize = 0x080a_0000;
+/// GICR_WAKER: bit 1 ProcessorSleep.
+const GICR_WAKER: usize = 0x0014;
+const GICR_SGI: usize = GICR + 0x1_0000;
+/// GICR_IGROUPR0, GICR_ISENABLER0, GICR_ICENABLER0, GICR_IPRIORITYR.
+const GICR_IGROUPR0: usize = 0x080;
+const GICR_ISENABLER0: usize = 0x100;
+const GICR_ICENABLER0: usize = 0x180;
+const GICR_IPRIORITYR: usize = 0x400;
+
+fn w(addr: usize, v: u32) {
+    // SAFETY: GIC MMIO on the virt board, identity-mapped (MMU off).
+    unsafe { (addr as *mut u32).write_volatile(v) }
+}
+
+fn r(addr: usize) -> u32 {
+    // SAFETY: as above.
+    unsafe { (addr as *const u32).read_volatile() }
+}
+
+fn w8(addr: usize, v: u8) {
+    // SAFETY: as above (the priority registers are byte-accessible).
+    unsafe { (addr as *mut u8).write_volatile(v) }
+}
+
+/// GICv2.
+pub mod v2 {
+    pub use super::SPURIOUS;
+    use super::*;
+
+    /// Enable the distributor, this CPU's interface (priority mask `pmr`)
+    /// and PPI `id` at `priority`.
+    pub fn enable_at(id: u32, priority: u8, pmr: u8) {
+        w(GICD + GICD_CTLR, 1);
+        w(GICC + GICC_PMR, u32::from(pmr));
+        w(GICC + GICC_CTLR, 1);
+        w8(GICD + GICD_IPRIORITYR + id as usize, priority);
+        w(GICD + GICD_ISENABLER0, 1 << id);
+    }
+
+    /// Enable PPI `id`, nothing masked.
+    pub fn enable(id: u32) {
+        enable_at(id, 0xa0, 0xff);
+    }
+
+    /// Disable PPI `id`.
+    pub fn disable(id: u32) {
+        w(GICD + GICD_ICENABLER0, 1 << id);
+    }
+
+    /// Acknowledge the highest-priority pending interrupt (ID or SPURIOUS).
+    pub fn ack() -> u32 {
+        r(GICC + GICC_IAR) & 0x3ff
+    }
+
+    /// End interrupt `id`.
+    pub fn eoi(id: u32) {
+        w(GICC + GICC_EOIR, id);
+    }
+}
+
+/// GICv3 (`-M virt,gic-version=3`).
+pub mod v3 {
+    pub use super::SPURIOUS;
+    use super::*;
+    use crate::{read_sysreg, write_sysreg};
+
+    /// Enable affinity routing and Group 1, wake CPU 0's redistributor,
+    /// enable the system-register interface with priority mask `pmr`.
+    pub fn init(pmr: u8) {
+        w(GICD + GICD_CTLR, (1 << 4) | (1 << 1));
+        w(GICR + GICR_WAKER, r(GICR + GICR_WAKER) & !(1 << 1));
+        while r(GICR + GICR_WAKER) & (1 << 2) != 0 {}
+        w(GICR_SGI + GICR_IGROUPR0, u32::MAX);
+        write_sysreg!("S3_0_C12_C12_5", 1u64 | read_sysreg!("S3_0_C12_C12_5")); // ICC_SRE_EL1.SRE
+        write_sysreg!("S3_0_C4_C6_0", u64::from(pmr)); // ICC_PMR_EL1
+        write_sysreg!("S3_0_C12_C12_7", 1u64); // ICC_IGRPEN1_EL1
+    }
+
+    /// Enable PPI `id` at `priority` (lower is more urgent).
+    pub fn enable_at(id: u32, priority: u8) {
+        w8(GICR_SGI + GICR_IPRIORITYR + id as usize, priority);
+        w(GICR_SGI + GICR_ISENABLER0, 1 << id);
+    }
+
+    /// Disable PPI `id`.
+    pub fn disable(id: u32) {
+        w(GICR_SGI + GICR_ICENABLER0, 1 << id);
+    }
+
+    /// Acknowledge (ICC_IAR1_EL1): the ID, or SPURIOUS.
+    pub fn ack() -> u32 {
+        (read_sysreg!("S3_0_C12_C12_0") & 0xff_ffff) as u32
+    }
+
+    /// End interrupt `id` (ICC_EOIR1_EL1).
+    pub fn eoi(id: u32) {
+        write_sysreg!("S3_0_C12_C12_1", u64::from(id));
+    }
+}
