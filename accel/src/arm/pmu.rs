@@ -555,7 +555,9 @@ impl Pmu {
         let u = self.userenr;
         let any = |bits: u64| u & bits != 0;
         match reg {
-            PmuReg::IntenSet | PmuReg::IntenClr | PmuReg::Userenr => false,
+            PmuReg::IntenSet | PmuReg::IntenClr => false,
+            // Readable at EL0, written only at EL1 (`access_pmuserenr`).
+            PmuReg::Userenr => !write,
             PmuReg::Swinc => any(userenr::SW | userenr::EN),
             PmuReg::Ccntr if !write => any(userenr::CR | userenr::EN),
             PmuReg::Evcntr(_) | PmuReg::Xevcntr if !write => any(userenr::ER | userenr::EN),
@@ -1032,7 +1034,8 @@ mod tests {
         p.write(PmuReg::Userenr, userenr::CR | 0xf0, 1, &e).unwrap();
         assert_eq!(
             p.read(PmuReg::Userenr, 0, &e),
-            Err(PmuError::El0Disabled(PmuReg::Userenr))
+            Ok(userenr::CR),
+            "EL0 reads PMUSERENR_EL0 (KVM's access_pmuserenr)"
         );
         assert_eq!(p.read(PmuReg::Userenr, 1, &e), Ok(userenr::CR));
         assert!(

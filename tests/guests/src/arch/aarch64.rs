@@ -64,10 +64,79 @@ guest_cpu_setup:
 
     .p2align 11
 guest_vectors:
-    .rept 16
+    .rept 8
     .p2align 7
     b guest_exception
     .endr
+    /* lower EL, AArch64, synchronous: EL0 code (run_el0) ended */
+    .p2align 7
+    b guest_lower_sync
+    .rept 7
+    .p2align 7
+    b guest_exception
+    .endr
+
+    /* Back from EL0: record ESR_EL1 and x0, resume guest_run_el0's caller
+       at EL1 with its stack (EL1h, DAIF masked). */
+guest_lower_sync:
+    mrs x9, esr_el1
+    adrp x10, guest_el0_esr
+    str x9, [x10, :lo12:guest_el0_esr]
+    adrp x10, guest_el0_x0
+    str x0, [x10, :lo12:guest_el0_x0]
+    adrp x10, guest_el1_sp
+    ldr x9, [x10, :lo12:guest_el1_sp]
+    mov sp, x9
+    adr x9, 7f
+    msr elr_el1, x9
+    mov x9, #0x3c5
+    msr spsr_el1, x9
+    eret
+
+    /* guest_run_el0(f = x0, arg = x1, sp_el0 = x2) -> x0: f(arg) at EL0 */
+    .global guest_run_el0
+guest_run_el0:
+    stp x29, x30, [sp, #-160]!
+    stp x19, x20, [sp, #16]
+    stp x21, x22, [sp, #32]
+    stp x23, x24, [sp, #48]
+    stp x25, x26, [sp, #64]
+    stp x27, x28, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mov x9, sp
+    adrp x10, guest_el1_sp
+    str x9, [x10, :lo12:guest_el1_sp]
+    msr sp_el0, x2
+    ldr x9, =guest_el0_trampoline
+    msr elr_el1, x9
+    mov x9, #0x3c0
+    msr spsr_el1, x9
+    mov x9, x0
+    mov x0, x1
+    mov x1, x9
+    eret
+7:  adrp x10, guest_el0_x0
+    ldr x0, [x10, :lo12:guest_el0_x0]
+    ldp x19, x20, [sp, #16]
+    ldp x21, x22, [sp, #32]
+    ldp x23, x24, [sp, #48]
+    ldp x25, x26, [sp, #64]
+    ldp x27, x28, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    ldp x29, x30, [sp], #160
+    ret
+
+    /* At EL0: x0 = arg, x1 = f; SVC back to EL1 with f's result */
+guest_el0_trampoline:
+    blr x1
+    svc #0
+8:  b 8b
 
 guest_exception:
     sub sp, sp, #16
@@ -100,6 +169,10 @@ guest_exception:
 guest_recover_pc: .quad 0
 guest_fault_esr:  .quad 0xffffffffffffffff
 guest_exit_block: .quad 0x20026, 0
+    .global guest_el0_esr
+guest_el0_esr:    .quad 0
+guest_el0_x0:     .quad 0
+guest_el1_sp:     .quad 0
 
     .section .bss
     .p2align 4
@@ -110,7 +183,36 @@ __stack_top:
 
 extern "C" {
     static mut guest_fault_esr: u64;
+    static guest_el0_esr: u64;
     fn guest_secondary_entry();
+    fn guest_run_el0(f: extern "C" fn(u64) -> u64, arg: u64, sp_el0: u64) -> u64;
+}
+
+/// ESR_EL1.EC of an SVC from AArch64 (how EL0 code returns).
+const EC_SVC64: u8 = 0x15;
+
+/// The stack EL0 code runs on.
+#[repr(C, align(16))]
+struct El0Stack([u8; 16 * 1024]);
+
+static mut EL0_STACK: El0Stack = El0Stack([0; 16 * 1024]);
+
+/// Run `f(arg)` at EL0 (EL0t, interrupts masked, MMU off as at EL1) and
+/// come back: its result, or the exception that ended it (e.g. an
+/// UNDEFINED system register access: EC 0). Not reentrant; vCPU 0 only.
+pub fn run_el0(f: extern "C" fn(u64) -> u64, arg: u64) -> Result<u64, Fault> {
+    let top = (&raw const EL0_STACK) as u64 + core::mem::size_of::<El0Stack>() as u64;
+    // SAFETY: guest_run_el0 saves the callee-saved registers and EL1 stack,
+    // ERETs to `f` at EL0 on its own stack, and returns here when EL0 takes
+    // any synchronous exception (its SVC or a fault).
+    let x0 = unsafe { guest_run_el0(f, arg, top) };
+    // SAFETY: written by the lower-EL vector before it returned.
+    let esr = unsafe { (&raw const guest_el0_esr).read_volatile() };
+    if (esr >> 26) as u8 == EC_SVC64 {
+        Ok(x0)
+    } else {
+        Err(Fault { esr })
+    }
 }
 
 /// An exception caught while executing an instruction under [`catch`].
