@@ -149,8 +149,30 @@ uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
 #define RUSTKVM_EV_BRANCHES_KERNEL 3
 /** ... arm64: load/store instructions at EL0 ... */
 #define RUSTKVM_EV_MEM_USER 4
-/** ... and at EL1 (x86 does not use these two). */
+/** ... and at EL1 (x86 uses none from here on) ... */
 #define RUSTKVM_EV_MEM_KERNEL 5
+/** ... arm64: instructions that load, at EL0 ... */
+#define RUSTKVM_EV_LOADS_USER 6
+/** ... and at EL1 ... */
+#define RUSTKVM_EV_LOADS_KERNEL 7
+/** ... arm64: instructions that store, at EL0 ... */
+#define RUSTKVM_EV_STORES_USER 8
+/** ... and at EL1 ... */
+#define RUSTKVM_EV_STORES_KERNEL 9
+/** ... arm64: exceptions taken from EL0 ... */
+#define RUSTKVM_EV_EXC_USER 10
+/** ... and from EL1. */
+#define RUSTKVM_EV_EXC_KERNEL 11
+/** How many totals there are. */
+#define RUSTKVM_EV_COUNT 12
+
+/* RustkvmCounting.active bits (arm64; x86 uses "nonzero"). */
+/** A counter counts instructions, branches or memory events. */
+#define RUSTKVM_ACTIVE_RETIRED 1u
+/** A counter counts memory events (MEM_ACCESS, LD_RETIRED, ST_RETIRED). */
+#define RUSTKVM_ACTIVE_MEM 2u
+/** A counter counts exceptions taken (EXC_TAKEN). */
+#define RUSTKVM_ACTIVE_EXC 4u
 
 /**
  * Per-vCPU counting state shared by QEMU's generated code and Rust (it
@@ -159,7 +181,7 @@ uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
  */
 typedef struct RustkvmCounting {
     /** Monotonic event totals (RUSTKVM_EV_*), added per translation block. */
-    uint64_t events[6];
+    uint64_t events[RUSTKVM_EV_COUNT];
     /**
      * Instructions that may retire before a PMI can be due; the generated
      * code subtracts each block's count and calls rustkvm_x86_pmu_due()
@@ -170,13 +192,17 @@ typedef struct RustkvmCounting {
     uint32_t tb_insns;
     /** (See tb_insns.) */
     uint32_t tb_branches;
-    /** ... and (arm64) load/store instruction counts. */
+    /** ... and (arm64) load/store instruction counts ... */
     uint32_t tb_mem;
+    /** ... of which loading ... */
+    uint32_t tb_loads;
+    /** ... and storing. */
+    uint32_t tb_stores;
     /** (Padding.) */
     uint32_t reserved;
     /**
      * Nonzero while a counter counts instructions or branches (Rust sets
-     * it); arm64: bit 1 also when one counts memory accesses.
+     * it); arm64: RUSTKVM_ACTIVE_* bits.
      */
     uint32_t active;
     /**

@@ -596,11 +596,17 @@ const _: () = {
     assert!(offset_of!(C, tb_insns) == offset_of!(Counting, tb_insns));
     assert!(offset_of!(C, tb_branches) == offset_of!(Counting, tb_branches));
     assert!(offset_of!(C, tb_mem) == offset_of!(Counting, tb_mem));
+    assert!(offset_of!(C, tb_loads) == offset_of!(Counting, tb_loads));
+    assert!(offset_of!(C, tb_stores) == offset_of!(Counting, tb_stores));
     assert!(offset_of!(C, active) == offset_of!(Counting, active));
     assert!(offset_of!(C, pmi) == offset_of!(Counting, pmi));
     assert!(offset_of!(C, cycles_deadline_ns) == offset_of!(Counting, cycles_deadline_ns));
     assert!(header::RUSTKVM_EV_INSNS_USER == 0 && header::RUSTKVM_EV_BRANCHES_KERNEL == 3);
     assert!(header::RUSTKVM_EV_MEM_USER == 4 && header::RUSTKVM_EV_MEM_KERNEL == 5);
+    assert!(header::RUSTKVM_EV_LOADS_USER == 6 && header::RUSTKVM_EV_STORES_USER == 8);
+    assert!(header::RUSTKVM_EV_EXC_USER == 10 && header::RUSTKVM_EV_COUNT == 12);
+    assert!(header::RUSTKVM_ACTIVE_MEM == crate::vcpu::ACTIVE_MEM);
+    assert!(header::RUSTKVM_ACTIVE_EXC == crate::vcpu::ACTIVE_EXC);
     assert!(header::RUSTKVM_PMU_NONE == crate::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::vcpu::PMU_INTEL);
     assert!(header::RUSTKVM_PMU_FULL_WIDTH == crate::vcpu::PMU_FULL_WIDTH);

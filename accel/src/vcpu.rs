@@ -193,11 +193,14 @@ impl Local {
     /// The arm64 PMU's event totals now.
     fn arm_events(&mut self, shared: &Shared) -> crate::arm::pmu::Events {
         let cycles = self.cycles(shared);
-        let e = self.counting().map_or([0; 6], |c| c.events);
+        let e = self.counting().map_or([0; 12], |c| c.events);
         crate::arm::pmu::Events {
             instructions: [e[0], e[1]],
             branches: [e[2], e[3]],
             mem_accesses: [e[4], e[5]],
+            loads: [e[6], e[7]],
+            stores: [e[8], e[9]],
+            exceptions: [e[10], e[11]],
             cycles,
         }
     }
@@ -215,10 +218,14 @@ impl Local {
         if let Some(c) = self.counting() {
             c.cycles_deadline_ns = deadline;
         }
-        let (active, budget) = (
-            u32::from(self.arm_pmu.counts_retired()) | u32::from(self.arm_pmu.counts_mem()) << 1,
-            self.arm_pmu.until_overflow(ev),
-        );
+        let p = &self.arm_pmu;
+        let active = if p.counts_retired() {
+            ACTIVE_RETIRED
+        } else {
+            0
+        } | if p.counts_mem() { ACTIVE_MEM } else { 0 }
+            | if p.counts_exceptions() { ACTIVE_EXC } else { 0 };
+        let budget = p.until_overflow(ev);
         if let Some(c) = self.counting() {
             c.active = active;
             c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
@@ -266,6 +273,14 @@ impl Local {
 
 /// CPUID 0x80000001 ECX[23]: AMD PerfCtrExtCore.
 const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
+
+/// `RustkvmCounting.active` (arm64): a counter counts instructions,
+/// branches or memory events; the engine translates counting blocks.
+pub const ACTIVE_RETIRED: u32 = 1;
+/// ... a counter counts memory events: blocks add their loads and stores.
+pub const ACTIVE_MEM: u32 = 2;
+/// ... a counter counts exceptions taken: QEMU adds each and calls back.
+pub const ACTIVE_EXC: u32 = 4;
 
 /// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
 pub const PMU_NONE: u32 = 0;
@@ -1047,7 +1062,7 @@ mod tests {
     fn the_pmu_reads_the_engines_totals_and_publishes_what_it_needs() {
         let v = Vcpu::new(0, Arch::X86_64);
         let mut c = Box::new(Counting {
-            events: [7; 6],
+            events: [7; 12],
             budget: 3,
             ..Counting::default()
         });

@@ -78,6 +78,12 @@ pub mod userenr {
 pub mod event {
     /// Software increment (PMSWINC).
     pub const SW_INCR: u16 = 0x00;
+    /// Instruction architecturally executed, load.
+    pub const LD_RETIRED: u16 = 0x06;
+    /// Instruction architecturally executed, store.
+    pub const ST_RETIRED: u16 = 0x07;
+    /// Exception taken.
+    pub const EXC_TAKEN: u16 = 0x09;
     /// Instruction architecturally executed.
     pub const INST_RETIRED: u16 = 0x08;
     /// Cycle.
@@ -204,6 +210,12 @@ pub struct Events {
     pub branches: [u64; 2],
     /// Load and store instructions (one access each).
     pub mem_accesses: [u64; 2],
+    /// Instructions that load (atomics both load and store).
+    pub loads: [u64; 2],
+    /// Instructions that store.
+    pub stores: [u64; 2],
+    /// Exceptions taken, by the EL they were taken from.
+    pub exceptions: [u64; 2],
     /// Cycles the vCPU ran (not split by exception level).
     pub cycles: u64,
 }
@@ -214,7 +226,26 @@ enum Counted {
     Instructions,
     Branches,
     MemAccesses,
+    Loads,
+    Stores,
+    Exceptions,
     Cycles,
+}
+
+impl Counted {
+    /// At most one per instruction: counted by the blocks, within the PMI
+    /// budget (exceptions are counted as they are taken).
+    fn per_instruction(self) -> bool {
+        !matches!(self, Counted::Cycles | Counted::Exceptions)
+    }
+
+    /// Counted from the blocks' loads and stores.
+    fn memory(self) -> bool {
+        matches!(
+            self,
+            Counted::MemAccesses | Counted::Loads | Counted::Stores
+        )
+    }
 }
 
 /// What a counter does: count totals, or only software (SW_INCR, CHAIN).
@@ -236,6 +267,9 @@ impl Source {
             event::INST_RETIRED | event::INST_SPEC => Source::Totals(Counted::Instructions),
             event::BR_RETIRED => Source::Totals(Counted::Branches),
             event::MEM_ACCESS => Source::Totals(Counted::MemAccesses),
+            event::LD_RETIRED => Source::Totals(Counted::Loads),
+            event::ST_RETIRED => Source::Totals(Counted::Stores),
+            event::EXC_TAKEN => Source::Totals(Counted::Exceptions),
             event::CPU_CYCLES => Source::Totals(Counted::Cycles),
             _ => Source::Nothing,
         }
@@ -247,6 +281,9 @@ impl Source {
 pub fn pmceid() -> [u64; 2] {
     let ids = [
         event::SW_INCR,
+        event::LD_RETIRED,
+        event::ST_RETIRED,
+        event::EXC_TAKEN,
         event::INST_RETIRED,
         event::CPU_CYCLES,
         event::MEM_ACCESS,
@@ -381,6 +418,9 @@ impl Pmu {
             Counted::Instructions => split(ev.instructions),
             Counted::Branches => split(ev.branches),
             Counted::MemAccesses => split(ev.mem_accesses),
+            Counted::Loads => split(ev.loads),
+            Counted::Stores => split(ev.stores),
+            Counted::Exceptions => split(ev.exceptions),
             Counted::Cycles if el0 || el1 => ev.cycles,
             Counted::Cycles => 0,
         })
@@ -482,14 +522,15 @@ impl Pmu {
     /// accesses (the accelerator must count them).
     pub fn counts_retired(&self) -> bool {
         (0..self.config.n()).any(|i| {
-            self.enabled(i)
-                && matches!(
-                    self.source(i),
-                    Source::Totals(
-                        Counted::Instructions | Counted::Branches | Counted::MemAccesses
-                    )
-                )
+            self.enabled(i) && matches!(self.source(i), Source::Totals(c) if c.per_instruction())
         })
+    }
+
+    /// Whether some enabled counter counts exceptions taken (QEMU then
+    /// adds each and calls back).
+    pub fn counts_exceptions(&self) -> bool {
+        (0..self.config.n())
+            .any(|i| self.enabled(i) && self.source(i) == Source::Totals(Counted::Exceptions))
     }
 
     /// Cycles that may pass before a counter counting cycles (the cycle
@@ -517,7 +558,7 @@ impl Pmu {
     /// must count load/store instructions too).
     pub fn counts_mem(&self) -> bool {
         (0..self.config.n())
-            .any(|i| self.enabled(i) && self.source(i) == Source::Totals(Counted::MemAccesses))
+            .any(|i| self.enabled(i) && matches!(self.source(i), Source::Totals(c) if c.memory()))
     }
 
     /// Instructions that may retire before a counter counting instructions,
@@ -529,14 +570,7 @@ impl Pmu {
         }
         (0..self.config.n())
             .filter(|&i| self.enabled(i) && self.inten & 1 << i != 0)
-            .filter(|&i| {
-                matches!(
-                    self.source(i),
-                    Source::Totals(
-                        Counted::Instructions | Counted::Branches | Counted::MemAccesses
-                    )
-                )
-            })
+            .filter(|&i| matches!(self.source(i), Source::Totals(c) if c.per_instruction()))
             .map(|i| {
                 let v = self.value(i, ev);
                 let (_, ovf) = self.width_and_overflow(i);
@@ -782,6 +816,9 @@ mod tests {
             instructions: [el0, el1],
             branches: [el0 / 4, el1 / 4],
             mem_accesses: [el0 / 3, el1 / 3],
+            loads: [el0 / 5, el1 / 5],
+            stores: [el0 / 6, el1 / 6],
+            exceptions: [el0 / 100, el1 / 100],
             cycles: 2 * (el0 + el1),
         }
     }
@@ -969,6 +1006,51 @@ mod tests {
     }
 
     #[test]
+    fn loads_stores_and_exceptions_count_by_el_and_only_memory_events_need_blocks() {
+        let mut p = pmu();
+        let e0 = Events::default();
+        p.write(PmuReg::Pmcr, pmcr::E, 1, &e0).unwrap();
+        p.write(PmuReg::Evtyper(0), u64::from(event::LD_RETIRED), 1, &e0)
+            .unwrap();
+        p.write(
+            PmuReg::Evtyper(1),
+            evtyper::P | u64::from(event::ST_RETIRED),
+            1,
+            &e0,
+        )
+        .unwrap();
+        p.write(PmuReg::Evtyper(2), u64::from(event::EXC_TAKEN), 1, &e0)
+            .unwrap();
+        for i in 0..3 {
+            p.write(PmuReg::Evcntr(i), 0, 1, &e0).unwrap();
+        }
+        p.write(PmuReg::CntenSet, 0b011, 1, &e0).unwrap();
+        assert!(p.counts_mem() && p.counts_retired() && !p.counts_exceptions());
+        p.write(PmuReg::CntenSet, 0b100, 1, &e0).unwrap();
+        assert!(p.counts_exceptions());
+        let e = Events {
+            loads: [3, 40],
+            stores: [5, 60],
+            exceptions: [1, 2],
+            ..Events::default()
+        };
+        assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e), Ok(43));
+        assert_eq!(
+            p.read(PmuReg::Evcntr(1), 1, &e),
+            Ok(5),
+            "P: EL0 stores only"
+        );
+        assert_eq!(p.read(PmuReg::Evcntr(2), 1, &e), Ok(3));
+        // The PMI budget covers the per-instruction events, not exceptions.
+        p.write(PmuReg::IntenSet, 0b111, 1, &e).unwrap();
+        p.write(PmuReg::Evcntr(0), 0xffff_fff0, 1, &e).unwrap();
+        p.write(PmuReg::Evcntr(2), 0xffff_ffff, 1, &e).unwrap();
+        assert_eq!(p.until_overflow(&e), Some(16));
+        p.write(PmuReg::CntenClr, 0b011, 1, &e).unwrap();
+        assert!(!p.counts_mem() && !p.counts_retired() && p.counts_exceptions());
+    }
+
+    #[test]
     fn pmselr_indirection_and_missing_counters_undef() {
         let mut p = pmu();
         let e = Events::default();
@@ -1013,7 +1095,7 @@ mod tests {
         let ceid = p.read(PmuReg::Ceid(0), 1, &e).unwrap();
         assert_eq!(
             ceid,
-            1 | 1 << 8 | 1 << 0x11 | 1 << 0x13 | 1 << 0x1b | 1 << 30
+            1 | 1 << 6 | 1 << 7 | 1 << 8 | 1 << 9 | 1 << 0x11 | 1 << 0x13 | 1 << 0x1b | 1 << 30
         );
         assert_eq!(
             p.read(PmuReg::Ceid(1), 1, &e),

@@ -233,8 +233,9 @@ pub fn kvm_reads_as_zero(index: u32) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counting {
     /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0,
-    /// CPL 0; (arm64) load/store instructions at EL0, EL1.
-    pub events: [u64; 6],
+    /// CPL 0; (arm64) load/store instructions, loads, stores and
+    /// exceptions taken, each at EL0, EL1 (`RUSTKVM_EV_*`).
+    pub events: [u64; 12],
     /// Instructions that may retire before a PMI can be due (`i64::MAX`:
     /// none armed); the engine calls back when it reaches 0.
     pub budget: i64,
@@ -244,6 +245,10 @@ pub struct Counting {
     pub tb_branches: u32,
     /// The block being entered: its load/store count (engine-owned, arm64).
     pub tb_mem: u32,
+    /// The block being entered: its loads (engine-owned, arm64).
+    pub tb_loads: u32,
+    /// The block being entered: its stores (engine-owned, arm64).
+    pub tb_stores: u32,
     /// Padding.
     pub reserved: u32,
     /// Nonzero while a counter counts instructions or branches: the
@@ -259,11 +264,13 @@ pub struct Counting {
 impl Default for Counting {
     fn default() -> Self {
         Counting {
-            events: [0; 6],
+            events: [0; 12],
             budget: i64::MAX,
             tb_insns: 0,
             tb_branches: 0,
             tb_mem: 0,
+            tb_loads: 0,
+            tb_stores: 0,
             reserved: 0,
             active: 0,
             pmi: 0,
@@ -1330,7 +1337,7 @@ mod tests {
             .unwrap();
         c.publish(&p, &e, 0);
         assert_eq!((c.active, c.budget), (1, 100));
-        c.events = [0, 400, 0, 100, 0, 0];
+        c.events = [0, 400, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0];
         let e = c.events(0);
         let pmi = p.sync(&e);
         assert_eq!(pmi, 2, "counter 1 wrapped with INT");

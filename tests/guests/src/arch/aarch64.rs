@@ -262,6 +262,11 @@ macro_rules! catch {
     }};
 }
 
+/// Execute BRK #0 at EL1 and catch it: the exception, if it was taken.
+pub fn brk() -> Option<Fault> {
+    catch!("brk #0")
+}
+
 /// Read PMCR_EL0, catching UNDEFINED.
 pub fn read_pmcr() -> Result<u64, Fault> {
     let v: u64;
