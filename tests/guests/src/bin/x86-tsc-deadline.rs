@@ -47,12 +47,17 @@ fn main(t: &mut Test) {
         set_lapic_reg(LVT_TIMER, TSC_DEADLINE_MODE | u32::from(vector));
         arch::wrmsr(MSR_TSC_DEADLINE, deadline)
     };
-    // Spin until `vector` is pending or `ticks` pass; the TSC when seen.
+    // Spin until `vector` is pending or `ticks` pass; the TSC read just
+    // after the IRR showed it pending. Read after, not before: a vCPU
+    // descheduled between a TSC read and the IRR read would see a vector
+    // that became pending later than that TSC value, and the check below
+    // would call a punctual interrupt early.
     let wait = |vector: u8, ticks: u64| {
         let t0 = rdtsc();
         loop {
+            let pending = lapic_irr(vector);
             let now = rdtsc();
-            if lapic_irr(vector) {
+            if pending {
                 return Some(now);
             }
             if now.wrapping_sub(t0) > ticks {
