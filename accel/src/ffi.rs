@@ -40,6 +40,10 @@ static VM: Mutex<Option<Arc<Vm>>> = Mutex::new(None);
 /// The machine's arm64 counter offset, read on timer accesses without the
 /// machine lock.
 static COUNTER_OFFSET: AtomicU64 = AtomicU64::new(0);
+/// How often the MTTCG sampler looks at the vCPU threads while a guest has
+/// steal time or PV time on: the `preempted` hint lags the host's
+/// scheduling by up to 1.5 of this (docs/steal-time.md).
+const SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_micros(500);
 
 fn arch_from_c(arch: u32) -> Result<Arch, AccelError> {
     match arch {
@@ -91,7 +95,7 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
         // Host preemption of a vCPU thread is only visible from outside it.
         // Without the sampler, steal time still works; only the MTTCG
         // preempted hint (x86) and timely steal updates are lost.
-        if let Err(e) = machine.start_sampler(std::time::Duration::from_millis(2)) {
+        if let Err(e) = machine.start_sampler(SAMPLER_PERIOD) {
             eprintln!("rustkvm: warning: no steal-time sampler thread ({e}): no preempted hint under MTTCG");
         }
     }

@@ -35,13 +35,32 @@ pub struct StealClock {
     pub last_run_delay_ns: u64,
     /// When the vCPU left its turn while still runnable (RR), 0 if not.
     pub runnable_since_ns: u64,
+    /// Host time of the last entry that folded steal in.
+    pub entered_ns: u64,
 }
+
+/// Under MTTCG an entry folds steal in at most this often (ns): the sampler
+/// folds it in every tick meanwhile, and a guest's PAUSE loop re-enters
+/// guest execution at every PAUSE (TCG's `helper_pause` leaves the CPU loop),
+/// where a read of schedstat and two writes of the structure each time would
+/// slow every spin-wait of a guest that has steal time on.
+pub const MTTCG_ENTRY_FOLD_NS: u64 = 1_000_000;
 
 impl StealClock {
     /// Start counting afresh (the guest enabled the feature): nothing
     /// before this moment is steal.
     pub fn restart(&mut self) {
         *self = StealClock::default();
+    }
+
+    /// Whether an entry at `now_ns` should fold steal in (call
+    /// [`StealClock::enter`]): always under round-robin, where the entry is
+    /// the only place steal is seen; under MTTCG the first entry and then at
+    /// most every [`MTTCG_ENTRY_FOLD_NS`].
+    pub fn entry_fold_due(&self, threading: Threading, now_ns: u64) -> bool {
+        threading != Threading::Mttcg
+            || self.last_run_delay_ns == 0
+            || now_ns.saturating_sub(self.entered_ns) >= MTTCG_ENTRY_FOLD_NS
     }
 
     /// The vCPU enters guest execution at host time `now_ns`, its thread's
@@ -61,6 +80,7 @@ impl StealClock {
         }
         self.last_run_delay_ns = run_delay_ns;
         self.runnable_since_ns = 0;
+        self.entered_ns = now_ns;
     }
 
     /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
@@ -123,6 +143,19 @@ mod tests {
         assert!(!c.sample(1_800));
         c.enter(Threading::Mttcg, 40, 1_800);
         assert_eq!(c.take(), 300, "sampled steal is not counted twice");
+    }
+
+    #[test]
+    fn mttcg_entries_fold_at_most_once_a_millisecond_round_robin_always() {
+        let mut c = StealClock::default();
+        assert!(c.entry_fold_due(Threading::Mttcg, 5), "first entry");
+        c.enter(Threading::Mttcg, 5, 1_000);
+        assert!(!c.entry_fold_due(Threading::Mttcg, 5 + MTTCG_ENTRY_FOLD_NS - 1));
+        assert!(c.entry_fold_due(Threading::Mttcg, 5 + MTTCG_ENTRY_FOLD_NS));
+        let rr = Threading::RoundRobin { peers: true };
+        assert!(c.entry_fold_due(rr, 6));
+        c.restart();
+        assert!(c.entry_fold_due(Threading::Mttcg, 6), "after a restart");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::arm::pvtime::{PvTime, PvTimeError};
 use crate::arm::smccc;
 use crate::memory::NoMemory;
+use crate::steal::Threading;
 use crate::vm::{Arch, Shared};
 use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
@@ -327,6 +328,11 @@ pub struct Vcpu {
     routes: RouteCounters,
     // The host thread running this vCPU (MTTCG sampler), 0 until it runs.
     tid: AtomicI32,
+    // Between run_begin and run_end (MTTCG sampler).
+    in_guest: AtomicBool,
+    // Voluntary halts so far (MTTCG sampler: a halt in an interval explains
+    // a thread that got little CPU).
+    halts: AtomicU64,
     // x86: the KVM feature bits its CPUID advertises (set at reset).
     kvm_features: AtomicU32,
     // x86: the PMU, without a lock (see LocalCell).
@@ -349,6 +355,8 @@ impl Vcpu {
             pv_unhalt: AtomicBool::new(false),
             routes: RouteCounters::default(),
             tid: AtomicI32::new(0),
+            in_guest: AtomicBool::new(false),
+            halts: AtomicU64::new(0),
             kvm_features: AtomicU32::new(0),
             local: LocalCell::default(),
             shared,
@@ -409,6 +417,7 @@ impl Vcpu {
             self.tid
                 .store(crate::host::current_tid(), Ordering::Relaxed);
         }
+        self.in_guest.store(true, Ordering::Release);
         self.local(|l| {
             if l.pmu.config.version != 0 || l.arm_pmu.present() {
                 l.run_since_ns = self.shared.virtual_ns().max(1);
@@ -417,46 +426,99 @@ impl Vcpu {
         self.enter_steal(&mut self.lock());
     }
 
-    /// Fold steal in at an entry into guest code (or a steal-time enable).
+    /// Fold steal in at an entry into guest code (or a steal-time enable);
+    /// under MTTCG at most every `MTTCG_ENTRY_FOLD_NS`, clearing only the
+    /// sampler's `preempted` in between.
     fn enter_steal(&self, s: &mut VcpuState) {
-        if s.steal.enabled() || s.pvtime.active != 0 {
-            let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-            let (mem, threading) = (&*self.shared.host, self.shared.threading());
-            s.steal.enter(mem, threading, now, rd);
-            s.pvtime.enter(mem, threading, now, rd);
+        let (x86, arm) = (s.steal.enabled(), s.pvtime.active != 0);
+        if !x86 && !arm {
+            return;
         }
+        let (now, threading) = (self.shared.now_ns(), self.shared.threading());
+        let mem = &*self.shared.host;
+        let due = (x86 && s.steal.clock.entry_fold_due(threading, now))
+            || (arm && s.pvtime.clock.entry_fold_due(threading, now));
+        if !due {
+            s.steal.clear_preempted(mem);
+            return;
+        }
+        let rd = crate::host::thread_run_delay_ns();
+        s.steal.enter(mem, threading, now, rd);
+        s.pvtime.enter(mem, threading, now, rd);
     }
 
-    /// MTTCG sampler tick: `last` is what the previous tick saw of this
-    /// vCPU's thread (run, delay ns) and is updated; `interval_ns` since then.
-    /// Returns whether the vCPU has steal time (x86) or PV time (arm64) on
-    /// (is worth watching).
-    pub fn sample(&self, last: &mut Option<(u64, u64)>, interval_ns: u64) -> bool {
+    /// MTTCG sampler tick, `interval_ns` after the previous one: `view` is
+    /// what it saw of this vCPU then and is updated; `fold` asks for the
+    /// run delay to be folded in. Decides `preempted` (x86): the vCPU was in
+    /// guest code at both ticks without halting in between, its thread is
+    /// off the host CPUs now after a real wait ([`descheduled`]) and is
+    /// runnable — waiting on a host run queue, KVM's "preempted"
+    /// (`kvm_sched_out` with the task still on the run queue); cleared as
+    /// soon as a tick finds it running again. A vCPU out of
+    /// guest code (halted) costs no system call: its steal is folded in at
+    /// its next entry.
+    pub fn sample(&self, view: &mut Option<SamplerView>, interval_ns: u64, fold: bool) -> Sampled {
         let tid = self.tid.load(Ordering::Relaxed);
-        let on = {
+        let (x86, arm) = {
             let s = self.lock();
-            s.steal.enabled() || s.pvtime.active != 0
+            (s.steal.enabled(), s.pvtime.active != 0)
         };
-        if tid == 0 || !on {
-            *last = None;
-            return false;
+        if tid == 0 || !(x86 || arm) {
+            *view = None;
+            return Sampled::Unwatched;
         }
-        let Some((run, delay)) = crate::host::task_schedstat(tid) else {
-            return true;
+        let v = match view {
+            Some(v) if v.watch.tid() == tid => v,
+            _ => view.insert(SamplerView::new(tid)),
         };
-        if let Some((_, delay0)) = *last {
-            let waited = delay.saturating_sub(delay0);
+        let in_guest = self.in_guest.load(Ordering::Acquire);
+        let halts = self.halts.load(Ordering::Acquire);
+        // Two reads of the thread's CPU clock a moment apart: it moves only
+        // while the thread is on a CPU.
+        let (cpu, again) = if in_guest {
+            (v.watch.cpu_ns(), v.watch.cpu_ns())
+        } else {
+            (None, None)
+        };
+        let descheduled = x86
+            && v.in_guest
+            && v.halts == halts
+            && match (v.cpu_ns, cpu, again) {
+                (Some(then), Some(now), Some(again)) => {
+                    descheduled(now.saturating_sub(then), again != now, interval_ns)
+                }
+                _ => false,
+            }
+            && v.watch.runnable();
+        let rd = if fold && in_guest {
+            v.watch.run_delay_ns()
+        } else {
+            None
+        };
+        {
             let mem = &*self.shared.host;
             let mut s = self.lock();
-            s.steal.sample(mem, delay, waited, interval_ns);
-            s.pvtime.sample(mem, delay);
+            s.steal.sample(mem, rd, descheduled);
+            if let Some(rd) = rd {
+                s.pvtime.sample(mem, rd);
+            }
         }
-        *last = Some((run, delay));
-        true
+        (v.cpu_ns, v.in_guest, v.halts) = (cpu, in_guest, halts);
+        if descheduled {
+            Sampled::Contended
+        } else if in_guest {
+            Sampled::Running
+        } else {
+            Sampled::Idle
+        }
     }
 
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
+        if halted {
+            self.halts.fetch_add(1, Ordering::Release);
+        }
+        self.in_guest.store(false, Ordering::Release);
         self.local(|l| {
             if l.run_since_ns != 0 {
                 let now = self.shared.virtual_ns();
@@ -464,10 +526,15 @@ impl Vcpu {
                 l.run_since_ns = 0;
             }
         });
+        let threading = self.shared.threading();
+        if threading == Threading::Mttcg {
+            // Nothing happens at an MTTCG exit (the sampler and the next
+            // entry see the host's scheduling).
+            return;
+        }
         let mut s = self.lock();
         if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
-            let threading = self.shared.threading();
             s.steal.exit(&*self.shared.host, threading, now, rd, halted);
             s.pvtime.exit(threading, now, rd, halted);
         }
@@ -1024,8 +1091,73 @@ impl smccc::Services for SmcccServices<'_> {
     }
 }
 
+/// What a sampler tick found of one vCPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sampled {
+    /// Steal time and PV time off (or the vCPU never ran): not worth watching.
+    Unwatched,
+    /// Watched, out of guest code (halted).
+    Idle,
+    /// Watched, in guest code and getting its CPU.
+    Running,
+    /// Watched, in guest code and kept off the host CPUs (marked preempted).
+    Contended,
+}
+
+/// What the MTTCG sampler saw of one vCPU at its previous tick.
+#[derive(Debug)]
+pub struct SamplerView {
+    watch: crate::host::ThreadWatch,
+    /// The thread's CPU clock then (None: unreadable, or the first tick).
+    cpu_ns: Option<u64>,
+    /// The vCPU was in guest code then.
+    in_guest: bool,
+    /// Its halt count then.
+    halts: u64,
+}
+
+impl SamplerView {
+    fn new(tid: i32) -> Self {
+        SamplerView {
+            watch: crate::host::ThreadWatch::new(tid),
+            cpu_ns: None,
+            in_guest: false,
+            halts: 0,
+        }
+    }
+}
+
+/// Whether a vCPU thread that had guest code to run for a whole sampling
+/// interval of `interval_ns`, and ran `cpu_ns` of it, is descheduled now:
+/// it is not on a CPU at this moment (`running` false: its CPU clock stood
+/// still between two reads) and was kept off the CPUs for at least a fifth
+/// of the interval — which a thread that the sampler itself displaced for a
+/// few microseconds (one host CPU for all) was not.
+pub fn descheduled(cpu_ns: u64, running: bool, interval_ns: u64) -> bool {
+    !running
+        && interval_ns > 0
+        && interval_ns.saturating_sub(cpu_ns).saturating_mul(5) >= interval_ns
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn descheduled_means_off_the_cpu_now_after_a_real_wait() {
+        let ms = 1_000_000;
+        assert!(descheduled(0, false, ms), "off for the whole interval");
+        assert!(
+            descheduled(800_000, false, ms),
+            "just switched out, 0.2 ms off"
+        );
+        assert!(
+            !descheduled(990_000, false, ms),
+            "displaced by the sampler only"
+        );
+        assert!(!descheduled(0, true, ms), "running now, whatever it ran");
+        assert!(!descheduled(ms, false, ms));
+        assert!(!descheduled(2 * ms, false, 0), "no interval");
+    }
+
     use super::*;
 
     #[test]

@@ -9,11 +9,21 @@ use parking_lot::Mutex;
 use crate::error::AccelError;
 use crate::memory::{Host, NoMemory};
 use crate::steal::Threading;
-use crate::vcpu::Vcpu;
+use crate::vcpu::{Sampled, SamplerView, Vcpu};
 use crate::x86::clock::TscRate;
 
 /// How often the steal-time sampler looks while no vCPU has steal time on.
 const IDLE_SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+/// At the fast period the sampler folds run delay (steal) in every this
+/// many ticks (every tick otherwise); it decides `preempted` at every tick.
+const STEAL_FOLD_TICKS: u64 = 4;
+/// The sampler looks every period for this many ticks after it last found
+/// a vCPU kept off the host CPUs, and every RELAXED_FACTOR periods otherwise.
+const CONTENDED_TICKS: u64 = 200;
+/// See CONTENDED_TICKS.
+const RELAXED_FACTOR: u32 = 8;
+/// The host time slice the sampler asks for (it runs for microseconds).
+const SAMPLER_SLICE_NS: u64 = 100_000;
 
 /// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
 pub const MAX_VCPUS: u32 = 4096;
@@ -268,28 +278,46 @@ impl Vm {
         std::thread::Builder::new()
             .name("rustkvm-steal".into())
             .spawn(move || {
-                let mut last: Vec<Option<(u64, u64)>> = Vec::new();
+                // Look when the tick is due, not when a busy vCPU thread's
+                // slice ends (one host CPU for all: the hint would come late).
+                crate::host::request_short_slice(SAMPLER_SLICE_NS);
+                let mut last: Vec<Option<SamplerView>> = Vec::new();
                 let mut t0 = Instant::now();
                 let mut nap = period;
+                let mut tick = 0u64;
+                // Ticks since a vCPU was last found kept off the host CPUs.
+                let mut calm = u64::MAX;
                 loop {
                     std::thread::sleep(nap);
                     let Some(vm) = weak.upgrade() else { break };
                     let interval = t0.elapsed().as_nanos() as u64;
                     t0 = Instant::now();
-                    let mut watching = false;
+                    tick += 1;
+                    let fold = nap != period || tick % STEAL_FOLD_TICKS == 0;
+                    let (mut watching, mut running) = (false, false);
+                    calm = calm.saturating_add(1);
                     for v in vm.vcpus() {
                         let i = v.index() as usize;
                         if last.len() <= i {
-                            last.resize(i + 1, None);
+                            last.resize_with(i + 1, || None);
                         }
-                        watching |= v.sample(&mut last[i], interval);
+                        match v.sample(&mut last[i], interval, fold) {
+                            Sampled::Unwatched => {}
+                            Sampled::Idle => watching = true,
+                            Sampled::Running => (watching, running) = (true, true),
+                            Sampled::Contended => (watching, running, calm) = (true, true, 0),
+                        }
                     }
-                    // While no guest has steal time on, look rarely: a guest
-                    // that does not use the feature should not pay for it.
-                    nap = if watching {
+                    // A guest that does not use the feature should not pay
+                    // for it: look rarely while none has it on, and every
+                    // `period` only while the host has recently kept a vCPU
+                    // off its CPUs (overcommit).
+                    nap = if !watching {
+                        IDLE_SAMPLER_PERIOD
+                    } else if running && calm < CONTENDED_TICKS {
                         period
                     } else {
-                        IDLE_SAMPLER_PERIOD
+                        period * RELAXED_FACTOR
                     };
                 }
             })

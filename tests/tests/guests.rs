@@ -205,12 +205,16 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
         let r = run::run(t, Arch::X86_64, variant, Backend::Rustkvm).expect("ran");
         assert_pass(&r, variant);
         // Round-robin (thread=single, also under -icount): while vCPU 0 runs,
-        // the busy vCPU 1 is descheduled and its preempted flag is set. With a
-        // thread per vCPU the host's preemption is not visible (docs/steal-time.md).
-        // With a thread per vCPU it depends on whether the host deschedules
-        // vCPU 1's thread during the window (the sampler, docs/steal-time.md).
+        // the busy vCPU 1 is descheduled and its preempted flag is set. With
+        // a thread per vCPU it depends on whether the host deschedules vCPU
+        // 1's thread during the window (the sampler, docs/steal-time.md).
         if matches!(variant, Variant::RrSmp2 | Variant::Icount) {
             assert_eq!(measure(&r, "ap.preempted-seen"), "1", "{variant}");
+            assert_eq!(
+                measure(&r, "ap.preempted-permille"),
+                "1000",
+                "{variant}: set for every sample"
+            );
         }
     }
     // MTTCG with both vCPU threads on one host CPU: the host deschedules

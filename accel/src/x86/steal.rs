@@ -115,30 +115,33 @@ impl StealTime {
         }
     }
 
-    /// MTTCG sampler (another thread, every few ms): over the last
-    /// `interval_ns` the vCPU thread waited `waited_ns` on the host run queue,
-    /// its run delay now being `run_delay_ns`. Folds the steal in at once and
-    /// sets `preempted` while the thread spent most of the interval waiting
-    /// (it is runnable but not running: descheduled involuntarily), clears it
-    /// once it runs again. A halted vCPU's thread sleeps, so it never waits
-    /// on the run queue and is never marked.
-    pub fn sample(
-        &mut self,
-        mem: &dyn GuestMemory,
-        run_delay_ns: u64,
-        waited_ns: u64,
-        interval_ns: u64,
-    ) {
+    /// MTTCG sampler (another thread, every tick): the vCPU thread's run
+    /// delay is now `run_delay_ns` (None: not read this tick), and
+    /// `descheduled` says whether the thread is runnable but off the host
+    /// CPUs now (see `Vcpu::sample`). Folds the steal in at once, sets
+    /// `preempted` while descheduled, clears it once the thread runs again
+    /// (it may not re-enter for a long time). A halted vCPU's thread sleeps:
+    /// it is never descheduled.
+    pub fn sample(&mut self, mem: &dyn GuestMemory, run_delay_ns: Option<u64>, descheduled: bool) {
         if !self.enabled() || self.clock.last_run_delay_ns == 0 {
             return;
         }
-        if self.clock.sample(run_delay_ns) {
+        if run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
             // The vCPU is not entering: `preempted` is the sampler's to decide.
             self.record(mem, false);
         }
-        if waited_ns.saturating_mul(2) > interval_ns {
+        if descheduled {
             self.set_preempted(mem);
-        } else if self.preempted != 0 && mem.write(self.gpa() + layout::PREEMPTED, &[0]) {
+        } else {
+            self.clear_preempted(mem);
+        }
+    }
+
+    /// Clear `preempted` in the guest's structure if we set it: the vCPU
+    /// runs (an entry that does not fold steal in, or the sampler).
+    pub fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
+        if self.enabled() && self.preempted != 0 && mem.write(self.gpa() + layout::PREEMPTED, &[0])
+        {
             self.preempted = 0;
         }
     }
@@ -291,33 +294,47 @@ mod tests {
     }
 
     #[test]
-    fn mttcg_sampler_marks_a_waiting_thread_preempted_and_clears_it() {
+    fn mttcg_sampler_marks_a_descheduled_thread_preempted_and_clears_it() {
         let ram = FakeRam::new(0x4000);
         let mut st = StealTime::default();
         st.write_msr(GPA | 1).unwrap();
         st.enter(&ram, Threading::Mttcg, 1, 1_000);
-        // 1 ms interval, 0.8 ms of it waiting: preempted, steal folded in.
-        st.sample(&ram, 801_000, 800_000, 1_000_000);
+        // Descheduled now: preempted at once, before the kernel reports the
+        // wait in run_delay (it does when the thread gets a CPU back).
+        st.sample(&ram, Some(1_000), true);
+        assert_eq!((preempted(&ram), steal(&ram)), (KVM_VCPU_PREEMPTED, 0));
+        assert_eq!(version(&ram) % 2, 0);
+        // Still off the CPU: stays set; the finished wait is folded in.
+        st.sample(&ram, Some(801_000), true);
         assert_eq!(
             (preempted(&ram), steal(&ram)),
             (KVM_VCPU_PREEMPTED, 800_000)
         );
-        assert_eq!(version(&ram) % 2, 0);
-        // Still waiting: stays set, steal keeps growing.
-        st.sample(&ram, 1_801_000, 1_000_000, 1_000_000);
-        assert_eq!(
-            (preempted(&ram), steal(&ram)),
-            (KVM_VCPU_PREEMPTED, 1_800_000)
-        );
         // Running again: cleared, no new steal.
-        st.sample(&ram, 1_801_000, 0, 1_000_000);
-        assert_eq!((preempted(&ram), steal(&ram)), (0, 1_800_000));
-        // A little waiting is not a deschedule.
-        st.sample(&ram, 1_901_000, 100_000, 1_000_000);
-        assert_eq!((preempted(&ram), steal(&ram)), (0, 1_900_000));
-        // The vCPU's own entry does not count the sampled steal twice.
-        st.enter(&ram, Threading::Mttcg, 2, 1_901_000);
-        assert_eq!(steal(&ram), 1_900_000);
+        st.sample(&ram, Some(801_000), false);
+        assert_eq!((preempted(&ram), steal(&ram)), (0, 800_000));
+        // A tick that does not read the delay still decides `preempted`.
+        st.sample(&ram, None, true);
+        assert_eq!(preempted(&ram), KVM_VCPU_PREEMPTED);
+        // The vCPU's own entry clears it without folding (and the sampled
+        // steal is not counted twice when it does fold).
+        st.clear_preempted(&ram);
+        assert_eq!(preempted(&ram), 0);
+        st.enter(&ram, Threading::Mttcg, 2, 901_000);
+        assert_eq!(steal(&ram), 900_000);
+    }
+
+    #[test]
+    fn clearing_preempted_touches_nothing_it_did_not_set() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        ram.write(GPA + layout::PREEMPTED, &[0x5a]);
+        st.clear_preempted(&ram);
+        assert_eq!(preempted(&ram), 0x5a, "not ours to clear");
+        st.write_msr(GPA).unwrap();
+        st.sample(&ram, Some(5), true);
+        assert_eq!(preempted(&ram), 0x5a, "disabled: never written");
     }
 
     #[test]

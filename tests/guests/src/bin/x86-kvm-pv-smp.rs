@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=ap.preempted-seen,ap.steal-ns
+//! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=ap.preempted-seen,ap.steal-ns,ap.preempted-permille
 //! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! The two-vCPU half of KVM's PV interface: KVM_HC_KICK_CPU wakes a vCPU
@@ -7,6 +7,11 @@
 //! application processor is started with INIT-SIPI-SIPI. SKIPs without the
 //! KVM signature. `ap.preempted-seen` is 1 when vCPUs take turns on one host
 //! thread (`thread=single`): the host runner checks that per variant.
+//! `ap.preempted-permille` is how often, sampled every 50 µs over 300 ms
+//! while this vCPU runs and the AP spins, the AP's flag was set: 1000
+//! under `thread=single` (the host runner checks that); when both MTTCG
+//! vCPU threads share one host CPU the AP is off it whenever we read, so the
+//! figure says how timely the MTTCG sampler's hint is (docs/steal-time.md).
 //! Spec: Documentation/virt/kvm/x86/hypercalls.rst (KVM_HC_KICK_CPU),
 //! msr.rst (MSR_KVM_STEAL_TIME, preempted).
 #![no_std]
@@ -119,6 +124,26 @@ fn main(t: &mut Test) {
         format_args!("{version}"),
     );
     t.measure("ap.steal-ns", format_args!("{steal}"));
+
+    // How often the flag is set while we run (TSC ticks: 2 GHz under
+    // rustkvm; only the ratio matters).
+    let (mut samples, mut set) = (0u64, 0u64);
+    let t0 = arch::rdtsc();
+    let mut next = t0;
+    while arch::rdtsc().wrapping_sub(t0) < 600_000_000 {
+        let now = arch::rdtsc();
+        if now.wrapping_sub(next) < u64::MAX / 2 {
+            // SAFETY: volatile read of memory the host writes.
+            let p = unsafe { addr_of!(AP_ST.preempted).read_volatile() };
+            samples += 1;
+            set += u64::from(p & 1);
+            next = now + 100_000;
+        }
+    }
+    t.measure(
+        "ap.preempted-permille",
+        format_args!("{}", set * 1000 / samples.max(1)),
+    );
 
     // KICK_CPU wakes the AP out of a halt with interrupts off.
     smp::set(core::ptr::addr_of_mut!(STOP), 1);
