@@ -15,6 +15,16 @@ use guest::{wait_for_host, Test};
 
 guest::entry!(main);
 
+/// At least 20 000 instructions, so that the counter the host reads holds
+/// more than 1000 however soon after `ready` the host's query comes (the
+/// guest's wait loop may run only a few iterations before it).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn retire_some_instructions() {
+    for i in 0..10_000u64 {
+        core::hint::black_box(i);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 static mut ST: guest::arch::KvmStealTime = guest::arch::KvmStealTime::new();
 
@@ -85,6 +95,7 @@ fn main(t: &mut Test) {
     } else {
         "none"
     };
+    retire_some_instructions();
     t.measure("pmu", format_args!("{pmu}"));
     guest::println!("ready");
     // 30 s at 2 GHz.
@@ -124,6 +135,7 @@ fn main(t: &mut Test) {
         write_sysreg!("pmcr_el0", PMCR_E);
     }
     let what = if pmu { "counting" } else { "none" };
+    retire_some_instructions();
     t.measure("pmu", format_args!("{what}"));
     let cval = cntvct() + (1 << 50);
     write_sysreg!("cntv_cval_el0", cval);
