@@ -39,6 +39,14 @@ impl ThreadWatch {
         }
     }
 
+    /// Watch only thread `tid`'s CPU clock (no file opened).
+    pub fn clock_only(tid: i32) -> Self {
+        ThreadWatch {
+            tid,
+            schedstat: None,
+        }
+    }
+
     /// The thread watched.
     pub fn tid(&self) -> i32 {
         self.tid

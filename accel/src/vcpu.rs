@@ -143,6 +143,8 @@ struct Local {
     run_since_ns: u64,
     /// The counting engine's state in QEMU's CPUX86State (null: none).
     counting: *mut Counting,
+    /// Host ns of this vCPU's last look at the others ([`Vcpu::mark_descheduled_peers`]).
+    peers_seen_ns: u64,
 }
 
 impl Default for Local {
@@ -156,6 +158,7 @@ impl Default for Local {
             unhalted_ns: 0,
             run_since_ns: 0,
             counting: std::ptr::null_mut(),
+            peers_seen_ns: 0,
         }
     }
 }
@@ -424,6 +427,47 @@ impl Vcpu {
             }
         });
         self.enter_steal(&mut self.lock());
+        self.mark_descheduled_peers();
+    }
+
+    /// A vCPU entering guest code again and again — a guest spin-wait: each
+    /// PAUSE leaves TCG's CPU loop — on an MTTCG host the sampler found
+    /// overcommitted looks, at most every [`PEER_LOOK_NS`], at the other
+    /// vCPUs and marks `preempted` those in guest code whose thread is off
+    /// the host CPUs at this moment (CPU clock still between two reads).
+    /// While this thread runs, a vCPU sharing its one host CPU is off it for
+    /// sure, and the sampler — which cannot run then — would see it late.
+    /// No `R` check here (a /proc read): a vCPU thread in guest code and off
+    /// the CPUs is not running guest code, whether it waits on a run queue
+    /// or on QEMU's lock; a halted vCPU is not in guest code and never
+    /// marked.
+    fn mark_descheduled_peers(&self) {
+        if !self.shared.mttcg || !self.shared.contended() {
+            return;
+        }
+        let now = self.shared.now_ns();
+        let due = self.local(|l| {
+            let due = now.saturating_sub(l.peers_seen_ns) >= PEER_LOOK_NS;
+            if due {
+                l.peers_seen_ns = now;
+            }
+            due
+        });
+        if !due {
+            return;
+        }
+        let mem = &*self.shared.host;
+        self.shared.for_each_peer(|peer| {
+            let tid = peer.tid.load(Ordering::Relaxed);
+            if peer.index == self.index || tid == 0 || !peer.in_guest.load(Ordering::Acquire) {
+                return;
+            }
+            let w = crate::host::ThreadWatch::clock_only(tid);
+            let (a, b) = (w.cpu_ns(), w.cpu_ns());
+            if a.is_some() && a == b && peer.in_guest.load(Ordering::Acquire) {
+                peer.lock().steal.mark_preempted(mem);
+            }
+        });
     }
 
     /// Fold steal in at an entry into guest code (or a steal-time enable);
@@ -1090,6 +1134,9 @@ impl smccc::Services for SmcccServices<'_> {
         Some(base)
     }
 }
+
+/// A spinning vCPU looks at the others at most this often (host ns).
+pub const PEER_LOOK_NS: u64 = 50_000;
 
 /// What a sampler tick found of one vCPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! The machine: configuration and the registry of live vCPUs.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -132,6 +132,11 @@ pub struct Shared {
     pub wall_clock_msr: AtomicU64,
     /// x86: `pmu-counters` (set once at machine creation).
     pmu_counters: AtomicU32,
+    /// The vCPUs, for a spinning vCPU to look at the others (weak: each
+    /// vCPU holds the Shared).
+    peers: parking_lot::RwLock<Vec<Weak<Vcpu>>>,
+    /// The MTTCG sampler found a vCPU thread kept off the host CPUs lately.
+    contended: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -154,6 +159,22 @@ impl Shared {
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
             pmu_counters: AtomicU32::new(0),
+            peers: parking_lot::RwLock::new(Vec::new()),
+            contended: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the host has lately kept a vCPU thread off its CPUs (MTTCG).
+    pub fn contended(&self) -> bool {
+        self.contended.load(Ordering::Relaxed)
+    }
+
+    /// Run `f` on each live vCPU.
+    pub fn for_each_peer(&self, mut f: impl FnMut(&Vcpu)) {
+        for p in self.peers.read().iter() {
+            if let Some(v) = p.upgrade() {
+                f(&v);
+            }
         }
     }
 
@@ -249,6 +270,7 @@ impl Vm {
         ));
         *slot = Some(Arc::clone(&vcpu));
         self.shared.live_vcpus.fetch_add(1, Ordering::Relaxed);
+        self.shared.peers.write().push(Arc::downgrade(&vcpu));
         Ok(vcpu)
     }
 
@@ -261,6 +283,10 @@ impl Vm {
             .is_some();
         if removed {
             self.shared.live_vcpus.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .peers
+                .write()
+                .retain(|p| p.upgrade().is_some_and(|v| v.index() != index));
         }
         removed
     }
@@ -312,6 +338,9 @@ impl Vm {
                     // for it: look rarely while none has it on, and every
                     // `period` only while the host has recently kept a vCPU
                     // off its CPUs (overcommit).
+                    vm.shared
+                        .contended
+                        .store(calm < CONTENDED_TICKS, Ordering::Relaxed);
                     nap = if !watching {
                         IDLE_SAMPLER_PERIOD
                     } else if running && calm < CONTENDED_TICKS {
@@ -444,5 +473,102 @@ mod tests {
         assert!(lines[0].starts_with("rustkvm: x86_64 vcpu 0: resets=0 "));
         assert!(lines[1].starts_with("rustkvm: x86_64 vcpu 1: resets=1 "));
         assert!(lines[1].contains(" rdmsr=1 "), "{}", lines[1]);
+    }
+
+    /// Thread-safe RAM for tests that run vCPUs on threads.
+    struct SyncRam(parking_lot::Mutex<Vec<u8>>);
+
+    impl crate::memory::GuestMemory for SyncRam {
+        fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+            let ram = self.0.lock();
+            match ram.get(gpa as usize..gpa as usize + buf.len()) {
+                Some(b) => {
+                    buf.copy_from_slice(b);
+                    true
+                }
+                None => false,
+            }
+        }
+        fn write(&self, gpa: u64, buf: &[u8]) -> bool {
+            let mut ram = self.0.lock();
+            match ram.get_mut(gpa as usize..gpa as usize + buf.len()) {
+                Some(b) => {
+                    b.copy_from_slice(buf);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+    impl crate::memory::Interrupts for SyncRam {
+        fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {
+            false
+        }
+    }
+    impl crate::memory::Timers for SyncRam {}
+
+    #[test]
+    fn a_spinning_vcpu_marks_a_peer_off_the_cpus_preempted_only_when_contended() {
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const GPA: u64 = 0x1000;
+        const PREEMPTED: usize = GPA as usize + 16;
+        let vm = Arc::new(Vm::with_memory(
+            VmConfig::new(Arch::X86_64, 2, false).unwrap(),
+            Box::new(SyncRam(parking_lot::Mutex::new(vec![0; 0x2000]))),
+        ));
+        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        let byte = || {
+            let mut b = [0u8];
+            vm.shared.host.read(PREEMPTED as u64, &mut b);
+            b[0]
+        };
+        // vCPU 1 enables steal time, enters guest code on its own thread,
+        // and that thread sleeps: in guest code, off the CPUs.
+        let (go, done) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let t = {
+            let (v1, go, done) = (Arc::clone(&v1), Arc::clone(&go), Arc::clone(&done));
+            std::thread::spawn(move || {
+                assert_eq!(
+                    v1.wrmsr(MSR_KVM_STEAL_TIME, GPA | 1),
+                    crate::vcpu::Route::Handled(())
+                );
+                v1.run_begin();
+                go.store(true, Ordering::SeqCst);
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                v1.run_end(false);
+            })
+        };
+        while !go.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // The host not known to be overcommitted: nobody looks.
+        v0.run_begin();
+        v0.run_end(false);
+        assert_eq!(byte(), 0);
+        // Overcommitted: vCPU 0's next entry finds vCPU 1 off the CPUs.
+        vm.shared.contended.store(true, Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_micros(
+            crate::vcpu::PEER_LOOK_NS / 1000 + 1,
+        ));
+        v0.run_begin();
+        assert_eq!(byte(), 1, "marked preempted");
+        v0.run_end(false);
+        done.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        // Out of guest code (here: a voluntary stop) it is never marked; its
+        // own next entry clears the flag.
+        v1.run_begin();
+        assert_eq!(byte(), 0, "cleared at its entry");
+        v1.run_end(true);
+        std::thread::sleep(std::time::Duration::from_micros(
+            crate::vcpu::PEER_LOOK_NS / 1000 + 1,
+        ));
+        v0.run_begin();
+        assert_eq!(byte(), 0, "a halted vCPU is not preempted");
     }
 }

@@ -231,6 +231,18 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
         "1",
         "MTTCG pinned to one host CPU"
     );
+    // And in time: vCPU 0 reads the flag only while it runs, when the AP is
+    // off the one CPU for sure, and spins with PAUSE as Linux's spinners do
+    // (a spinning vCPU marks the others it finds off the CPUs). The
+    // sampler alone managed 160-250 per mille here: it cannot run while a
+    // vCPU does, and its wakeups are switches themselves.
+    let permille: u32 = measure(&r, "ap.preempted-permille")
+        .parse()
+        .expect("number");
+    assert!(
+        permille >= 500,
+        "MTTCG pinned: the AP's flag set in {permille} per mille of vCPU 0's reads"
+    );
 }
 
 /// Run `name` on aarch64 under rustkvm with extra options; it must pass.

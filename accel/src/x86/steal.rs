@@ -123,7 +123,7 @@ impl StealTime {
     /// (it may not re-enter for a long time). A halted vCPU's thread sleeps:
     /// it is never descheduled.
     pub fn sample(&mut self, mem: &dyn GuestMemory, run_delay_ns: Option<u64>, descheduled: bool) {
-        if !self.enabled() || self.clock.last_run_delay_ns == 0 {
+        if !self.enabled() {
             return;
         }
         if run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
@@ -143,6 +143,14 @@ impl StealTime {
         if self.enabled() && self.preempted != 0 && mem.write(self.gpa() + layout::PREEMPTED, &[0])
         {
             self.preempted = 0;
+        }
+    }
+
+    /// Mark the vCPU preempted now (another vCPU found it off the host
+    /// CPUs); nothing unless steal time is on.
+    pub fn mark_preempted(&mut self, mem: &dyn GuestMemory) {
+        if self.enabled() {
+            self.set_preempted(mem);
         }
     }
 

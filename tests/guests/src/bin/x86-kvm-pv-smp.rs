@@ -139,6 +139,9 @@ fn main(t: &mut Test) {
             set += u64::from(p & 1);
             next = now + 100_000;
         }
+        // PAUSE, as every spin-wait Linux consults the flag in does
+        // (cpu_relax in osq_lock, mutex and rwsem owner spinning).
+        core::hint::spin_loop();
     }
     t.measure(
         "ap.preempted-permille",
