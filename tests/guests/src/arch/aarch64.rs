@@ -267,6 +267,29 @@ pub fn brk() -> Option<Fault> {
     catch!("brk #0")
 }
 
+/// With the PMU counters in `mask` enabled, run a register-only loop of
+/// `iterations` (≥ 1): the counters see 2 + 2 × `iterations` instructions
+/// (the enabling `msr`, the `mov` that loads the count, each iteration's
+/// `subs` and `b.ne`; the disabling `msr` is not counted), `iterations`
+/// branches and no memory access. EL1 only (PMCNTEN writes).
+pub fn pmu_counted_loop(mask: u64, iterations: u64) {
+    // SAFETY: PMU enables at EL1 around register arithmetic.
+    unsafe {
+        core::arch::asm!(
+            "msr pmcntenset_el0, {mask}",
+            "mov {i}, {n}",
+            "2:",
+            "subs {i}, {i}, #1",
+            "b.ne 2b",
+            "msr pmcntenclr_el0, {mask}",
+            mask = in(reg) mask,
+            n = in(reg) iterations,
+            i = out(reg) _,
+            options(nostack),
+        );
+    }
+}
+
 /// Read PMCR_EL0, catching UNDEFINED.
 pub fn read_pmcr() -> Result<u64, Fault> {
     let v: u64;

@@ -22,7 +22,6 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
-    use core::arch::asm;
     use guest::{read_sysreg, write_sysreg};
     const INST_RETIRED: u64 = 0x08;
     const SW_INCR: u64 = 0x00;
@@ -47,20 +46,7 @@ fn main(t: &mut Test) {
         write_sysreg!("pmevtyper1_el0", odd_event);
         write_sysreg!("pmevcntr0_el0", 0xffff_ff00);
         write_sysreg!("pmevcntr1_el0", odd_start);
-        // SAFETY: PMU enables at EL1 around a register-only loop.
-        unsafe {
-            asm!(
-                "msr pmcntenset_el0, {mask}",
-                "mov {i}, #1000",
-                "2:",
-                "subs {i}, {i}, #1",
-                "b.ne 2b",
-                "msr pmcntenclr_el0, {mask}",
-                mask = in(reg) enable,
-                i = out(reg) _,
-                options(nostack),
-            );
-        }
+        guest::arch::pmu_counted_loop(enable, 1000);
         (
             read_sysreg!("pmevcntr0_el0"),
             read_sysreg!("pmevcntr1_el0"),

@@ -137,20 +137,7 @@ fn main(t: &mut Test) {
     // An instruction counter overflowing at 32 bits sets PMOVSSET (and,
     // PMUv3p5 counters being 64-bit, counts on past 2^32): 2 + 2 x 1000.
     write_sysreg!("pmevcntr0_el0", 0xffff_ff00);
-    // SAFETY: PMU enables at EL1 and register arithmetic.
-    unsafe {
-        asm!(
-            "msr pmcntenset_el0, {mask}",
-            "mov {i}, #1000",
-            "2:",
-            "subs {i}, {i}, #1",
-            "b.ne 2b",
-            "msr pmcntenclr_el0, {mask}",
-            mask = in(reg) 1u64,
-            i = out(reg) _,
-            options(nostack),
-        );
-    }
+    guest::arch::pmu_counted_loop(1, 1000);
     t.eq("overflow.pmovsset", read_sysreg!("pmovsset_el0") & 1, 1);
     t.eq(
         "overflow.counts-on",
