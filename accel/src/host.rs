@@ -98,11 +98,15 @@ impl ThreadWatch {
 /// long slices instead of waiting for their slice to end. Unprivileged;
 /// older kernels ignore the runtime. Returns whether the call succeeded.
 pub fn request_short_slice(slice_ns: u64) -> bool {
+    // Keep the thread's nice value (sched_setattr sets it too). SAFETY:
+    // getpriority has no memory effects; for PRIO_PROCESS and 0 Linux
+    // answers for the calling thread.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
     let attr = libc::sched_attr {
         size: std::mem::size_of::<libc::sched_attr>() as u32,
         sched_policy: libc::SCHED_OTHER as u32,
         sched_flags: 0,
-        sched_nice: 0,
+        sched_nice: nice,
         sched_priority: 0,
         sched_runtime: slice_ns,
         sched_deadline: 0,
@@ -204,6 +208,20 @@ mod tests {
         assert!(d - c < 20_000_000, "sleeping: {c} -> {d}");
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_short_slice_keeps_the_threads_nice_value() {
+        std::thread::spawn(|| {
+            // SAFETY: raising this thread's nice value is always allowed.
+            assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 3) }, 0);
+            let ok = request_short_slice(100_000);
+            // SAFETY: as above, a read.
+            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+            assert_eq!(nice, 3, "short slice accepted: {ok}");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
