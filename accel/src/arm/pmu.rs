@@ -96,6 +96,12 @@ pub mod event {
     pub const CHAIN: u16 = 0x1e;
     /// Branch instruction architecturally executed.
     pub const BR_RETIRED: u16 = 0x21;
+    /// Cycles the frontend issued nothing (required from PMUv3p1).
+    pub const STALL_FRONTEND: u16 = 0x23;
+    /// Cycles the backend accepted nothing (required from PMUv3p1).
+    pub const STALL_BACKEND: u16 = 0x24;
+    /// Cycles nothing was issued (required from PMUv3p4).
+    pub const STALL: u16 = 0x3c;
 }
 
 /// Index of the cycle counter in the enable/overflow/interrupt registers.
@@ -271,13 +277,20 @@ impl Source {
             event::ST_RETIRED => Source::Totals(Counted::Stores),
             event::EXC_TAKEN => Source::Totals(Counted::Exceptions),
             event::CPU_CYCLES => Source::Totals(Counted::Cycles),
+            // TCG models no pipeline: no cycle stalls, the count stays (as
+            // QEMU's own PMU, which counts them as zero).
+            event::STALL_FRONTEND | event::STALL_BACKEND | event::STALL => Source::Nothing,
             _ => Source::Nothing,
         }
     }
 }
 
 /// PMCEID0_EL0 and PMCEID1_EL0: the common events 0x00–0x3F counted
-/// (SW_INCR and CHAIN always, as KVM).
+/// (SW_INCR and CHAIN always, as KVM), with the stall events the
+/// architecture requires from PMUv3p1/p4 (Arm ARM D13.11.1; kvm-unit-tests'
+/// `pmu-event-introspection` checks STALL_FRONTEND and STALL_BACKEND), which
+/// count zero cycles here as under QEMU's own PMU. Optional for a PMUv3
+/// without p1, where advertising them is allowed.
 pub fn pmceid() -> [u64; 2] {
     let ids = [
         event::SW_INCR,
@@ -290,6 +303,9 @@ pub fn pmceid() -> [u64; 2] {
         event::INST_SPEC,
         event::CHAIN,
         event::BR_RETIRED,
+        event::STALL_FRONTEND,
+        event::STALL_BACKEND,
+        event::STALL,
     ];
     let bits = ids.iter().fold(0u64, |m, &e| m | 1 << e);
     [bits & 0xffff_ffff, bits >> 32]
@@ -1099,8 +1115,8 @@ mod tests {
         );
         assert_eq!(
             p.read(PmuReg::Ceid(1), 1, &e),
-            Ok(1 << 1),
-            "BR_RETIRED (0x21)"
+            Ok(1 << 1 | 1 << 3 | 1 << 4 | 1 << 28),
+            "BR_RETIRED (0x21), STALL_FRONTEND (0x23), STALL_BACKEND (0x24), STALL (0x3c)"
         );
     }
 

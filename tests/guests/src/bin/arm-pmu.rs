@@ -41,6 +41,10 @@ fn main(t: &mut Test) {
     const MEM_ACCESS: u64 = 0x13;
     const CHAIN: u64 = 0x1e;
     const BR_RETIRED: u64 = 0x21;
+    const CPU_CYCLES: u64 = 0x11;
+    const INST_SPEC: u64 = 0x1b;
+    const STALL_FRONTEND: u64 = 0x23;
+    const STALL_BACKEND: u64 = 0x24;
 
     let ceid0 = read_sysreg!("pmceid0_el0");
     let ceid1 = read_sysreg!("pmceid1_el0");
@@ -56,6 +60,19 @@ fn main(t: &mut Test) {
         "pmceid.sw-incr-and-chain",
         has(SW_INCR) && has(CHAIN),
         format_args!("{ceid0:#x}"),
+    );
+    // kvm-unit-tests' pmu-event-introspection: the events PMUv3 requires,
+    // and from PMUv3p1 (ID_AA64DFR0_EL1.PMUVer >= 4, not IMPDEF) the stall
+    // events too.
+    let pmuver = read_sysreg!("id_aa64dfr0_el1") >> 8 & 0xf;
+    let v3p1 = (4..0xf).contains(&pmuver);
+    t.check(
+        "pmceid.required-events",
+        has(SW_INCR)
+            && has(CPU_CYCLES)
+            && (has(INST_RETIRED) || has(INST_SPEC))
+            && (!v3p1 || (has(STALL_FRONTEND) && has(STALL_BACKEND))),
+        format_args!("PMUVer {pmuver}, PMCEID {ceid0:#x} {ceid1:#x}"),
     );
     let pmcr = read_sysreg!("pmcr_el0");
     t.eq("pmcr.n", (pmcr >> 11) & 0x1f, 6);
@@ -144,6 +161,18 @@ fn main(t: &mut Test) {
         read_sysreg!("pmevcntr0_el0"),
         0xffff_ff00 + 2 + 2 * 1000,
     );
+    // The stall events count: no stalls in emulation (hardware has some).
+    write_sysreg!("pmevtyper3_el0", STALL_FRONTEND);
+    write_sysreg!("pmevtyper4_el0", STALL_BACKEND);
+    write_sysreg!("pmevcntr3_el0", 0);
+    write_sysreg!("pmevcntr4_el0", 0);
+    guest::arch::pmu_counted_loop(0b11000, 1000);
+    let stalls = (read_sysreg!("pmevcntr3_el0"), read_sysreg!("pmevcntr4_el0"));
+    if guest::backend() == Some(guest::Backend::Kvm) {
+        t.measure("stalls", format_args!("{stalls:?}"));
+    } else {
+        t.eq("stall-events-count-no-stalls", stalls, (0, 0));
+    }
     // PMCR_EL0.P zeroes the event counters.
     write_sysreg!("pmcr_el0", E | P);
     t.eq("pmcr.p-resets", read_sysreg!("pmevcntr0_el0"), 0);
