@@ -101,6 +101,40 @@ fn main(t: &mut Test) {
         c1 > c0,
         format_args!("{c0} then {c1}"),
     );
+    // kvm-unit-tests' pmu-cycle-counter: back-to-back reads strictly
+    // increase, and a handful of instructions between PMCR writes (C
+    // resetting the counter) take a nonzero, 32-bit number of cycles.
+    let mut increasing = true;
+    for _ in 0..10 {
+        let (a, b) = (read_sysreg!("pmccntr_el0"), read_sysreg!("pmccntr_el0"));
+        increasing &= a < b;
+    }
+    t.eq("cycle-counter-back-to-back-increases", increasing, true);
+    write_sysreg!("pmcr_el0", pmcr & !PMCR_E);
+    write_sysreg!("pmccntr_el0", 0);
+    // SAFETY: PMCR writes at EL1 around register arithmetic.
+    unsafe {
+        core::arch::asm!(
+            "msr pmcr_el0, {on}",
+            "isb",
+            "mov {i}, #1",
+            "2:",
+            "subs {i}, {i}, #1",
+            "b.ne 2b",
+            "msr pmcr_el0, {off}",
+            "isb",
+            on = in(reg) pmcr | PMCR_E | PMCR_C,
+            off = in(reg) pmcr & !PMCR_E,
+            i = out(reg) _,
+            options(nostack),
+        );
+    }
+    let few = read_sysreg!("pmccntr_el0");
+    t.check(
+        "cycle-counter-counts-a-few-instructions",
+        few != 0 && few >> 32 == 0,
+        format_args!("{few} cycles"),
+    );
     write_sysreg!("pmcr_el0", pmcr & !PMCR_E);
     write_sysreg!("pmcntenclr_el0", CYCLE_COUNTER);
     t.eq(
