@@ -853,6 +853,22 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
         assert_eq!(r.outcome.status, Status::Pass, "{n}: {}", r.outcome.serial);
         assert_eq!(measure(&r, "cpuid.0xa.gp-counters"), n);
     }
+    // A model with PDCM (max): the full-width counter aliases too (the last
+    // -cpu wins).
+    let opts = run::RunOptions {
+        qemu_args: vec!["-cpu".into(), "max,vendor=GenuineIntel,pmu=on".into()],
+        ..Default::default()
+    };
+    let r = run::run_with(
+        &find_test("x86-pmu"),
+        Arch::X86_64,
+        Variant::Default,
+        Backend::Rustkvm,
+        &opts,
+    )
+    .expect("ran");
+    assert_eq!(r.outcome.status, Status::Pass, "max: {}", r.outcome.serial);
+    assert_eq!(measure(&r, "pdcm"), "1", "max has PDCM");
 }
 
 #[test]

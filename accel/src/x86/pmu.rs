@@ -44,6 +44,18 @@ pub const MSR_CORE_PERF_GLOBAL_CTRL: u32 = 0x38f;
 pub const MSR_CORE_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
 /// IA32_A_PMC0: full-width aliases of the GP counters, 0x4C1 + i.
 pub const MSR_IA32_PMC0_FULL: u32 = 0x4c1;
+/// RDPMC ECX[31:16]: the counter type (architectural PMUs, SDM RDPMC).
+pub const RDPMC_TYPE_MASK: u32 = 0xffff_0000;
+/// RDPMC ECX[15:0]: the counter index within its type.
+pub const RDPMC_INDEX_MASK: u32 = 0xffff;
+/// RDPMC type: the general-purpose counters.
+pub const RDPMC_TYPE_GP: u32 = 0;
+/// RDPMC type: the fixed counters (ECX bit 30).
+pub const RDPMC_TYPE_FIXED: u32 = 1 << 30;
+/// IA32_PERF_GLOBAL_STATUS.OvfBuf (bit 62), clearable through OVF_CTRL.
+pub const GLOBAL_OVF_BUF: u64 = 1 << 62;
+/// IA32_PERF_GLOBAL_STATUS.CondChgd (bit 63), clearable through OVF_CTRL.
+pub const GLOBAL_COND_CHGD: u64 = 1 << 63;
 /// PERF_CAPABILITIES.FW_WRITE.
 pub const PERF_CAP_FW_WRITES: u64 = 1 << 13;
 
@@ -913,7 +925,7 @@ impl Pmu {
             return Some(Ok(()));
         }
         let (w, full) = self.counter_msr(index)?;
-        if self.live.all & w.bit() != 0 {
+        if self.live.all & w.bit() != 0 || wider_than_gp_counter(w, full, value) {
             return None;
         }
         let v = if full {
@@ -938,6 +950,9 @@ impl Pmu {
         }
         let pmi = self.sync(ev);
         if let Some((w, full)) = self.counter_msr(index) {
+            if wider_than_gp_counter(w, full, value) {
+                return gp_fault;
+            }
             // Legacy PMCx writes sign-extend bit 31 (KVM; SDM 20.2.5).
             let v = if full {
                 value
@@ -970,7 +985,9 @@ impl Pmu {
                 cfg.global_ctrl_mask()
             }
             MSR_CORE_PERF_GLOBAL_OVF_CTRL => {
-                if value & !cfg.global_ctrl_mask() != 0 {
+                // GLOBAL_STATUS's reserved bits: GLOBAL_CTRL's less OvfBuf
+                // and CondChgd (`global_status_rsvd` in intel_pmu_refresh).
+                if value & !(cfg.global_ctrl_mask() | GLOBAL_OVF_BUF | GLOBAL_COND_CHGD) != 0 {
                     return gp_fault;
                 }
                 self.state.global_status &= !value;
@@ -996,9 +1013,12 @@ impl Pmu {
         Ok(pmi)
     }
 
-    /// RDPMC with ECX = `ecx` (after the CR4.PCE/CPL check): ECX bit 30
-    /// selects the fixed counters, bit 31 ("fast" read) returns the low 32
-    /// bits (`kvm_pmu_rdpmc`); None means #GP.
+    /// RDPMC with ECX = `ecx` (after the CR4.PCE/CPL check). Intel:
+    /// ECX[31:16] is the counter type, 0 for the GP counters and 0x4000
+    /// (bit 30) for the fixed ones, ECX[15:0] the index; any other type —
+    /// bit 31's "fast" read included, which only non-architectural PMUs
+    /// have — is #GP (`intel_rdpmc_ecx_to_pmc`, Linux 6.9 and later). None
+    /// means #GP.
     pub fn rdpmc(&self, ecx: u32, ev: &Events) -> Option<u64> {
         if self.config.version == 0 {
             return None;
@@ -1008,18 +1028,13 @@ impl Pmu {
             let i = ecx as usize;
             return (i < self.config.gp()).then(|| self.value(Which::Gp(i), ev));
         }
-        let idx = (ecx & !(3 << 30)) as usize;
-        let w = if ecx & (1 << 30) != 0 {
-            (idx < self.config.fixed()).then_some(Which::Fixed(idx))?
-        } else {
-            (idx < self.config.gp()).then_some(Which::Gp(idx))?
+        let idx = (ecx & RDPMC_INDEX_MASK) as usize;
+        let w = match ecx & RDPMC_TYPE_MASK {
+            RDPMC_TYPE_GP => (idx < self.config.gp()).then_some(Which::Gp(idx))?,
+            RDPMC_TYPE_FIXED => (idx < self.config.fixed()).then_some(Which::Fixed(idx))?,
+            _ => return None,
         };
-        let v = self.value(w, ev);
-        Some(if ecx & (1 << 31) != 0 {
-            v & 0xffff_ffff
-        } else {
-            v
-        })
+        Some(self.value(w, ev))
     }
 }
 
@@ -1139,6 +1154,13 @@ impl Pmu {
     }
 }
 
+/// A write through a GP counter's full-width alias (IA32_A_PMCx) of a value
+/// wider than the counter: #GP (`intel_pmu_set_msr`). Legacy IA32_PMCx
+/// writes sign-extend instead, fixed counters are masked.
+fn wider_than_gp_counter(w: Which, full: bool, value: u64) -> bool {
+    matches!(w, Which::Gp(_)) && full && value & !MASK != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1201,6 +1223,8 @@ mod tests {
             "PERF_CAPABILITIES is read-only"
         );
         assert!(p.write_msr(0x390, 1 << 40, &e).is_err());
+        // OvfBuf and CondChgd are not reserved in OVF_CTRL.
+        assert_eq!(p.write_msr(0x390, 3 << 62, &e), Ok(0));
         assert_eq!(p.state, reset, "nothing changed");
         assert_eq!(p.write_msr(0x38d, 0xbbb, &e), Ok(0));
         assert_eq!(p.write_msr(0x38f, 0x7_0000_000f, &e), Ok(0));
@@ -1216,8 +1240,20 @@ mod tests {
         assert_eq!(p.read_msr(0xc1, &e), Some(0xffff_8000_0000));
         p.write_msr(0x4c1, 0x8000_0000, &e).unwrap();
         assert_eq!(p.read_msr(0xc1, &e), Some(0x8000_0000));
-        p.write_msr(0x4c1, u64::MAX, &e).unwrap();
+        p.write_msr(0x4c1, MASK, &e).unwrap();
         assert_eq!(p.read_msr(0x4c1, &e), Some(MASK), "48 bits");
+        // Wider than the counter through the full-width alias: #GP, the
+        // counter unchanged (kvm-unit-tests' check_gp_counters_write_width),
+        // on the quiet path and on the full one.
+        for v in [u64::MAX, 0xffff_ff01_2345_6789, 1 << 48] {
+            assert!(p.write_quiet(0x4c1, v).is_none(), "not taken quietly");
+            assert!(p.write_msr(0x4c1, v, &e).is_err(), "{v:#x}");
+            assert_eq!(p.read_msr(0x4c1, &e), Some(MASK));
+        }
+        // The legacy MSR and the fixed counters take any value.
+        assert!(p.write_msr(0xc1, u64::MAX, &e).is_ok());
+        assert!(p.write_msr(0x309, u64::MAX, &e).is_ok());
+        assert_eq!(p.read_msr(0x309, &e), Some(MASK));
         let no_fw = Pmu::new(PmuConfig {
             full_width_writes: false,
             ..PmuConfig::DEFAULT
@@ -1251,6 +1287,12 @@ mod tests {
         assert_eq!(p.rdpmc(1 << 30, &e1), Some(600), "fixed via ECX bit 30");
         assert_eq!(p.rdpmc(4, &e1), None);
         assert_eq!(p.rdpmc(1 << 30 | 3, &e1), None);
+        // Types other than GP (0) and fixed (0x4000) #GP, "fast" reads (bit
+        // 31) included, as KVM since Linux 6.9.
+        assert_eq!(p.rdpmc(1 << 31, &e1), None, "fast GP read");
+        assert_eq!(p.rdpmc(3 << 30, &e1), None, "fast fixed read");
+        assert_eq!(p.rdpmc(1 << 16, &e1), None);
+        assert_eq!(p.rdpmc(1 << 30 | 1 << 16, &e1), None);
         // Disabling keeps the count; re-enabling resumes from there.
         p.write_msr(0x38f, 0, &e1).unwrap();
         assert_eq!(p.read_msr(0xc1, &ev(9000, 9000)), Some(600));

@@ -234,6 +234,44 @@ mod pmu {
             }
         }
 
+        // RDPMC's ECX[31:16] is the counter type, GP (0) or fixed
+        // (0x4000): "fast" reads (bit 31) and other types #GP (KVM since
+        // Linux 6.9; kvm-unit-tests reports the fast reads as SKIP then).
+        for ecx in [1u32 << 31, 3 << 30, 1 << 16] {
+            t.check(
+                "rdpmc.other-types-gp",
+                matches!(arch::rdpmc(ecx), Err(f) if f.vector == arch::GP_VECTOR),
+                format_args!("ECX {ecx:#x}"),
+            );
+        }
+        // With PDCM the full-width aliases take 48 bits and #GP on wider
+        // values, the legacy MSRs sign-extend bit 31 (kvm-unit-tests'
+        // check_gp_counters_write_width).
+        let pdcm = arch::cpuid(1, 0)[2] & (1 << 15) != 0;
+        t.measure("pdcm", format_args!("{}", u8::from(pdcm)));
+        if pdcm {
+            const PMC0_FULL: u32 = 0x4c1;
+            t.eq(
+                "full-width.48-bits",
+                arch::wrmsr(PMC0_FULL, (1 << 48) - 1),
+                Ok(()),
+            );
+            t.eq("full-width.reads-back", rd(PMC0), (1 << 48) - 1);
+            t.check(
+                "full-width.wider-gp",
+                matches!(arch::wrmsr(PMC0_FULL, 0xffff_ff01_2345_6789), Err(f) if f.vector == arch::GP_VECTOR),
+                format_args!(""),
+            );
+            t.eq("full-width.unchanged", rd(PMC0_FULL), (1 << 48) - 1);
+            t.eq(
+                "legacy.sign-extends",
+                arch::wrmsr(PMC0, 0x8000_0000),
+                Ok(()),
+            );
+            t.eq("legacy.sign-extended", rd(PMC0_FULL), 0xffff_8000_0000);
+            let _ = arch::wrmsr(PMC0, 0);
+        }
+
         for n in [1u64, 1000, 100_000] {
             program(OS | USR);
             counted_loop(global(ALL), GLOBAL_CTRL, n);
