@@ -143,17 +143,18 @@ fn arm64_pmu_sysreg_routing_point_sees_every_access() {
     let _serial = serial();
     let r = run_one("arm-pmu-routing", Arch::Aarch64, Variant::Default);
     assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
-    // The guest issues exactly 15 MRS and 16 MSR to routed PMU registers;
-    // every one reaches Rust, including those TCG would otherwise inline.
+    // The guest issues exactly 36 MRS (15, then 21 in the cycle-counter
+    // checks) and 20 MSR (16, then 4) to routed PMU registers; every one
+    // reaches Rust, including those TCG would otherwise inline.
     assert_eq!(
         r.outcome.routes.get("pmu_read"),
-        Some(&15),
+        Some(&36),
         "{}",
         r.outcome.stderr
     );
     assert_eq!(
         r.outcome.routes.get("pmu_write"),
-        Some(&16),
+        Some(&20),
         "{}",
         r.outcome.stderr
     );
@@ -837,11 +838,8 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
         ),
         "4"
     );
-    for n in ["2", "8"] {
-        let opts = run::RunOptions {
-            accel_opts: vec![format!("pmu-counters={n}")],
-            ..Default::default()
-        };
+    // x86-pmu under rustkvm with `opts`; it must pass.
+    let run_pmu = |what: &str, opts: run::RunOptions| {
         let r = run::run_with(
             &find_test("x86-pmu"),
             Arch::X86_64,
@@ -850,7 +848,20 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
             &opts,
         )
         .expect("ran");
-        assert_eq!(r.outcome.status, Status::Pass, "{n}: {}", r.outcome.serial);
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{what}: {}",
+            r.outcome.serial
+        );
+        r
+    };
+    for n in ["2", "8"] {
+        let opts = run::RunOptions {
+            accel_opts: vec![format!("pmu-counters={n}")],
+            ..Default::default()
+        };
+        let r = run_pmu(n, opts);
         assert_eq!(measure(&r, "cpuid.0xa.gp-counters"), n);
     }
     // A model with PDCM (max): the full-width counter aliases too (the last
@@ -859,15 +870,7 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
         qemu_args: vec!["-cpu".into(), "max,vendor=GenuineIntel,pmu=on".into()],
         ..Default::default()
     };
-    let r = run::run_with(
-        &find_test("x86-pmu"),
-        Arch::X86_64,
-        Variant::Default,
-        Backend::Rustkvm,
-        &opts,
-    )
-    .expect("ran");
-    assert_eq!(r.outcome.status, Status::Pass, "max: {}", r.outcome.serial);
+    let r = run_pmu("max", opts);
     assert_eq!(measure(&r, "pdcm"), "1", "max has PDCM");
 }
 
