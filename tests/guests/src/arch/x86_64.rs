@@ -176,6 +176,20 @@ guest_nmi:
     pop %rax
     iretq
 
+    /*
+     * External interrupts, vectors 32-255: count them per vector, EOI the
+     * local APIC (xAPIC MMIO at 0xfee000b0), return.
+     */
+    .irp n, 32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100,101,102,103,104,105,106,107,108,109,110,111,112,113,114,115,116,117,118,119,120,121,122,123,124,125,126,127,128,129,130,131,132,133,134,135,136,137,138,139,140,141,142,143,144,145,146,147,148,149,150,151,152,153,154,155,156,157,158,159,160,161,162,163,164,165,166,167,168,169,170,171,172,173,174,175,176,177,178,179,180,181,182,183,184,185,186,187,188,189,190,191,192,193,194,195,196,197,198,199,200,201,202,203,204,205,206,207,208,209,210,211,212,213,214,215,216,217,218,219,220,221,222,223,224,225,226,227,228,229,230,231,232,233,234,235,236,237,238,239,240,241,242,243,244,245,246,247,248,249,250,251,252,253,254,255
+guest_irq\n:
+    lock incq guest_irq_count + 8 * (\n - 32)(%rip)
+    push %rax
+    mov $0xfee000b0, %eax
+    movl $0, (%rax)
+    pop %rax
+    iretq
+    .endr
+
 guest_isr_common:
     /* stack: rax, vector, error code, rip, cs, rflags, rsp, ss */
     push %rax
@@ -206,6 +220,9 @@ guest_isr_table:
     .quad guest_isr0, guest_isr1, guest_nmi
     .irp n, 3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
     .quad guest_isr\n
+    .endr
+    .irp n, 32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100,101,102,103,104,105,106,107,108,109,110,111,112,113,114,115,116,117,118,119,120,121,122,123,124,125,126,127,128,129,130,131,132,133,134,135,136,137,138,139,140,141,142,143,144,145,146,147,148,149,150,151,152,153,154,155,156,157,158,159,160,161,162,163,164,165,166,167,168,169,170,171,172,173,174,175,176,177,178,179,180,181,182,183,184,185,186,187,188,189,190,191,192,193,194,195,196,197,198,199,200,201,202,203,204,205,206,207,208,209,210,211,212,213,214,215,216,217,218,219,220,221,222,223,224,225,226,227,228,229,230,231,232,233,234,235,236,237,238,239,240,241,242,243,244,245,246,247,248,249,250,251,252,253,254,255
+    .quad guest_irq\n
     .endr
 guest_gdt_ptr:
     .word guest_gdt_end - guest_gdt - 1
@@ -276,13 +293,15 @@ guest_fault_error:  .quad 0
     .global guest_nmi_count, guest_nmi_rip
 guest_nmi_count:    .quad 0
 guest_nmi_rip:      .quad 0
+    .global guest_irq_count
+guest_irq_count:    .skip 224 * 8
 
     .section .bss
     .p2align 12
 guest_pml4: .skip 4096
 guest_pdpt: .skip 4096
 guest_pd:   .skip 4 * 4096
-guest_idt:  .skip 32 * 16
+guest_idt:  .skip 256 * 16
     .p2align 4
     .global guest_tss
 guest_tss:  .skip 104
@@ -305,8 +324,9 @@ extern "C" {
     static guest_ap_tramp_start: u8;
     static guest_ap_tramp_end: u8;
     static mut guest_ap_stack_top: u64;
-    static guest_isr_table: [u64; 32];
-    static mut guest_idt: [u64; 64];
+    static guest_isr_table: [u64; 256];
+    static mut guest_idt: [u64; 512];
+    static guest_irq_count: [u64; 224];
     static mut guest_fault_vector: u64;
     static mut guest_fault_error: u64;
     static mut guest_nmi_count: u64;
@@ -360,6 +380,16 @@ fn load_tss() {
     }
 }
 
+/// Interrupts taken so far on `vector` (32-255; 0 for an exception
+/// vector): their stubs count them and EOI the local APIC.
+pub fn irqs(vector: u8) -> u64 {
+    let Some(i) = usize::from(vector).checked_sub(32) else {
+        return 0;
+    };
+    // SAFETY: a plain read of a word the interrupt stubs increment.
+    unsafe { (&raw const guest_irq_count[i]).read_volatile() }
+}
+
 /// NMIs taken so far, and the RIP the last one interrupted.
 pub fn nmis() -> (u64, u64) {
     // SAFETY: plain reads of words the NMI stub writes.
@@ -377,7 +407,7 @@ fn load_idt() {
     unsafe {
         let base = (&raw const guest_idt) as u64;
         let ptr: [u16; 5] = [
-            (32 * 16 - 1) as u16,
+            (256 * 16 - 1) as u16,
             base as u16,
             (base >> 16) as u16,
             (base >> 32) as u16,
@@ -387,7 +417,8 @@ fn load_idt() {
     }
 }
 
-/// Fill the IDT with the 32 exception stubs and load it.
+/// Fill the IDT with the 32 exception stubs and the interrupt counters
+/// (vectors 32-255) and load it.
 #[no_mangle]
 extern "C" fn guest_init_idt() {
     // SAFETY: runs once on the boot CPU before anything else touches the IDT;
@@ -395,7 +426,7 @@ extern "C" fn guest_init_idt() {
     unsafe {
         let idt = &raw mut guest_idt;
         let table = &raw const guest_isr_table;
-        for v in 0..32 {
+        for v in 0..256 {
             let handler = (*table)[v];
             // 64-bit interrupt gate: selector 0x08, present, DPL 0, type 0xE.
             let low = (handler & 0xffff)
