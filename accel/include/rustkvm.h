@@ -256,6 +256,12 @@ void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
 void rustkvm_x86_vcpu_setup(RustkvmVcpu *vcpu, uint64_t tsc_khz,
                             uint32_t kvm_features, uint32_t pmu,
                             RustkvmCounting *counting);
+/**
+ * After rustkvm_x86_vcpu_setup(): `-cpu ...,kvm-pv-enforce-cpuid=on`. PV MSRs
+ * and hypercalls whose KVM feature bit the vCPU does not advertise then #GP
+ * and return -KVM_ENOSYS, as KVM_CAP_ENFORCE_PV_FEATURE_CPUID.
+ */
+void rustkvm_x86_vcpu_enforce_pv_cpuid(RustkvmVcpu *vcpu, bool enforce);
 /** RDTSC/RDTSCP (and RDMSR IA32_TSC): the guest TSC now. */
 uint64_t rustkvm_x86_rdtsc(RustkvmVcpu *vcpu);
 /**

@@ -590,6 +590,18 @@ pub unsafe extern "C" fn rustkvm_x86_vcpu_setup(
     }
 }
 
+/// `-cpu ...,kvm-pv-enforce-cpuid=on` for an x86 vCPU (after its setup).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_vcpu_enforce_pv_cpuid(vcpu: *mut RustkvmVcpu, enforce: bool) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
+        v.x86_enforce_pv_cpuid(enforce);
+    }
+}
+
 // `RustkvmCounting` (C) and `Counting` (the model) are one struct.
 const _: () = {
     use std::mem::{offset_of, size_of};

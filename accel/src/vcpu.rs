@@ -338,6 +338,9 @@ pub struct Vcpu {
     halts: AtomicU64,
     // x86: the KVM feature bits its CPUID advertises (set at reset).
     kvm_features: AtomicU32,
+    // x86: `kvm-pv-enforce-cpuid`: PV MSRs and hypercalls not advertised
+    // fault / return -KVM_ENOSYS (KVM_CAP_ENFORCE_PV_FEATURE_CPUID).
+    pv_enforce: AtomicBool,
     // x86: the PMU, without a lock (see LocalCell).
     local: LocalCell,
     shared: Arc<Shared>,
@@ -361,6 +364,7 @@ impl Vcpu {
             in_guest: AtomicBool::new(false),
             halts: AtomicU64::new(0),
             kvm_features: AtomicU32::new(0),
+            pv_enforce: AtomicBool::new(false),
             local: LocalCell::default(),
             shared,
         }
@@ -698,6 +702,9 @@ impl Vcpu {
         if let Some(r) = self.pmu_rdmsr(index) {
             return r;
         }
+        if !self.pv_msr_allowed(index) {
+            return Route::Fault;
+        }
         if !owns_msr(index) {
             return Route::Unhandled;
         }
@@ -726,6 +733,9 @@ impl Vcpu {
         let (rate, mem) = (self.shared.tsc_rate(), &*self.shared.host);
         if let Some(r) = self.pmu_wrmsr(index, value) {
             return r;
+        }
+        if !self.pv_msr_allowed(index) {
+            return Route::Fault;
         }
         if !owns_msr(index) {
             return Route::Unhandled;
@@ -770,6 +780,28 @@ impl Vcpu {
             self.shared.host.tsc_deadline_changed(self.index);
         }
         Route::Handled(())
+    }
+
+    /// Whether the guest may access PV MSR `index` (any other MSR: yes):
+    /// KVM's `guest_pv_has` — always without enforcement, else only with
+    /// its feature advertised.
+    fn pv_msr_allowed(&self, index: u32) -> bool {
+        crate::x86::cpuid::pv_msr_feature(index).is_none_or(|f| self.pv_enforced().allows(f))
+    }
+
+    /// The enforcement the hypercalls and PV MSRs see.
+    fn pv_enforced(&self) -> hypercall::Enforce {
+        hypercall::Enforce(
+            self.pv_enforce
+                .load(Ordering::Relaxed)
+                .then(|| self.kvm_features.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// x86, after each setup: whether PV CPUID is enforced
+    /// (`-cpu ...,kvm-pv-enforce-cpuid=on`).
+    pub fn x86_enforce_pv_cpuid(&self, on: bool) {
+        self.pv_enforce.store(on, Ordering::Relaxed);
     }
 
     fn kvmclock_stable(&self) -> bool {
@@ -903,7 +935,7 @@ impl Vcpu {
     #[inline]
     pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
         bump(&self.routes.hypercall);
-        hypercall::handle(call, hypercall::Enforce(None), &mut HypercallServices(self))
+        hypercall::handle(call, self.pv_enforced(), &mut HypercallServices(self))
     }
 
     /// Record a KVM_HC_KICK_CPU aimed at this vCPU.

@@ -24,8 +24,12 @@ pub const KVM_FEATURE_PV_EOI: u32 = 1 << 6;
 pub const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
 /// KVM_FEATURE_PV_SEND_IPI (KVM_HC_SEND_IPI).
 pub const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
+/// KVM_FEATURE_POLL_CONTROL (MSR_KVM_POLL_CONTROL).
+pub const KVM_FEATURE_POLL_CONTROL: u32 = 1 << 12;
 /// KVM_FEATURE_PV_SCHED_YIELD (KVM_HC_SCHED_YIELD).
 pub const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
+/// KVM_FEATURE_ASYNC_PF_INT (MSR_KVM_ASYNC_PF_INT, MSR_KVM_ASYNC_PF_ACK).
+pub const KVM_FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
 /// KVM_FEATURE_CLOCKSOURCE_STABLE_BIT.
 pub const KVM_FEATURE_CLOCKSOURCE_STABLE_BIT: u32 = 1 << 24;
 
@@ -100,6 +104,23 @@ pub fn defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
         (KVM_CPUID_FEATURES, REG_EAX) => KVM_DEFAULT_FEATURES & supported(leaf, subleaf, reg, 0),
         _ => 0,
     }
+}
+
+/// The KVM feature bit that gates PV MSR `index` (Documentation/virt/kvm/
+/// x86/msr.rst; `kvm_set_msr_common`/`kvm_get_msr_common`, which #GP when
+/// PV CPUID is enforced — `-cpu ...,kvm-pv-enforce-cpuid=on` — and the bit
+/// is not advertised); None for other MSRs.
+pub fn pv_msr_feature(index: u32) -> Option<u32> {
+    Some(match index {
+        0x11 | 0x12 => KVM_FEATURE_CLOCKSOURCE,
+        0x4b56_4d00 | 0x4b56_4d01 => KVM_FEATURE_CLOCKSOURCE2,
+        0x4b56_4d02 => KVM_FEATURE_ASYNC_PF,
+        0x4b56_4d03 => KVM_FEATURE_STEAL_TIME,
+        0x4b56_4d04 => KVM_FEATURE_PV_EOI,
+        0x4b56_4d05 => KVM_FEATURE_POLL_CONTROL,
+        0x4b56_4d06 | 0x4b56_4d07 => KVM_FEATURE_ASYNC_PF_INT,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -96,7 +96,8 @@ pub struct Outcome {
 pub struct Enforce(pub Option<u32>);
 
 impl Enforce {
-    fn allows(self, feature: u32) -> bool {
+    /// Whether `feature` (a KVM_FEATURE_* bit) may be used.
+    pub fn allows(self, feature: u32) -> bool {
         self.0.is_none_or(|f| f & feature != 0)
     }
 }
