@@ -60,31 +60,32 @@ impl GuestMemory for NoMemory {
 pub mod tests {
     //! A fake RAM for model tests that records every write.
     use super::GuestMemory;
-    use std::cell::RefCell;
+    use parking_lot::Mutex;
 
-    /// `size` bytes of RAM at GPA 0 with a write log.
+    /// `size` bytes of RAM at GPA 0 with a write log (shareable between
+    /// threads, as the machine's memory is).
     #[derive(Debug)]
     pub struct FakeRam {
-        bytes: RefCell<Vec<u8>>,
-        log: RefCell<Vec<(u64, Vec<u8>)>>,
+        bytes: Mutex<Vec<u8>>,
+        log: Mutex<Vec<(u64, Vec<u8>)>>,
     }
 
     impl FakeRam {
         /// Zeroed RAM.
         pub fn new(size: usize) -> Self {
             FakeRam {
-                bytes: RefCell::new(vec![0; size]),
-                log: RefCell::new(Vec::new()),
+                bytes: Mutex::new(vec![0; size]),
+                log: Mutex::new(Vec::new()),
             }
         }
         /// Writes so far.
         pub fn write_count(&self) -> usize {
-            self.log.borrow().len()
+            self.log.lock().len()
         }
         /// Writes that touched bytes outside `[base, base + len)`.
         pub fn writes_outside(&self, base: u64, len: u64) -> usize {
             self.log
-                .borrow()
+                .lock()
                 .iter()
                 .filter(|(g, b)| *g < base || g + b.len() as u64 > base + len)
                 .count()
@@ -92,7 +93,7 @@ pub mod tests {
         /// Writes at exactly `gpa` since the first `skip` writes.
         pub fn byte_writes(&self, gpa: u64, skip: usize) -> usize {
             self.log
-                .borrow()
+                .lock()
                 .iter()
                 .skip(skip)
                 .filter(|(g, _)| *g == gpa)
@@ -101,7 +102,7 @@ pub mod tests {
         /// Every u32 written at `gpa`, in order.
         pub fn version_history(&self, gpa: u64) -> Vec<u32> {
             self.log
-                .borrow()
+                .lock()
                 .iter()
                 .filter(|(g, b)| *g == gpa && b.len() == 4)
                 .map(|(_, b)| u32::from_le_bytes(b[..4].try_into().unwrap()))
@@ -119,7 +120,7 @@ pub mod tests {
 
     impl GuestMemory for FakeRam {
         fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
-            let bytes = self.bytes.borrow();
+            let bytes = self.bytes.lock();
             let Some(end) = gpa
                 .checked_add(buf.len() as u64)
                 .filter(|e| *e <= bytes.len() as u64)
@@ -130,7 +131,7 @@ pub mod tests {
             true
         }
         fn write(&self, gpa: u64, buf: &[u8]) -> bool {
-            let mut bytes = self.bytes.borrow_mut();
+            let mut bytes = self.bytes.lock();
             let Some(end) = gpa
                 .checked_add(buf.len() as u64)
                 .filter(|e| *e <= bytes.len() as u64)
@@ -138,7 +139,7 @@ pub mod tests {
                 return false;
             };
             bytes[gpa as usize..end as usize].copy_from_slice(buf);
-            self.log.borrow_mut().push((gpa, buf.to_vec()));
+            self.log.lock().push((gpa, buf.to_vec()));
             true
         }
     }

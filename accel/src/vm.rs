@@ -475,38 +475,6 @@ mod tests {
         assert!(lines[1].contains(" rdmsr=1 "), "{}", lines[1]);
     }
 
-    /// Thread-safe RAM for tests that run vCPUs on threads.
-    struct SyncRam(parking_lot::Mutex<Vec<u8>>);
-
-    impl crate::memory::GuestMemory for SyncRam {
-        fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
-            let ram = self.0.lock();
-            match ram.get(gpa as usize..gpa as usize + buf.len()) {
-                Some(b) => {
-                    buf.copy_from_slice(b);
-                    true
-                }
-                None => false,
-            }
-        }
-        fn write(&self, gpa: u64, buf: &[u8]) -> bool {
-            let mut ram = self.0.lock();
-            match ram.get_mut(gpa as usize..gpa as usize + buf.len()) {
-                Some(b) => {
-                    b.copy_from_slice(buf);
-                    true
-                }
-                None => false,
-            }
-        }
-    }
-    impl crate::memory::Interrupts for SyncRam {
-        fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {
-            false
-        }
-    }
-    impl crate::memory::Timers for SyncRam {}
-
     #[test]
     fn a_spinning_vcpu_marks_a_peer_off_the_cpus_preempted_only_when_contended() {
         use crate::x86::steal::MSR_KVM_STEAL_TIME;
@@ -514,7 +482,7 @@ mod tests {
         const PREEMPTED: usize = GPA as usize + 16;
         let vm = Arc::new(Vm::with_memory(
             VmConfig::new(Arch::X86_64, 2, false).unwrap(),
-            Box::new(SyncRam(parking_lot::Mutex::new(vec![0; 0x2000]))),
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
         ));
         let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
         let byte = || {
