@@ -267,6 +267,22 @@ pub fn brk() -> Option<Fault> {
     catch!("brk #0")
 }
 
+/// Quiesce the PMU: every counter disabled, its overflow interrupt
+/// disabled and its overflow flag cleared (PMCNTENCLR, PMINTENCLR,
+/// PMOVSCLR, in that order: no interrupt level rises in between).
+pub fn pmu_clear() {
+    // SAFETY: PMU control registers at EL1; no memory effects.
+    unsafe {
+        core::arch::asm!(
+            "msr pmcntenclr_el0, {all}",
+            "msr pmintenclr_el1, {all}",
+            "msr pmovsclr_el0, {all}",
+            all = in(reg) u64::MAX,
+            options(nostack),
+        );
+    }
+}
+
 /// With the PMU counters in `mask` enabled, run a register-only loop of
 /// `iterations` (≥ 1): the counters see 2 + 2 × `iterations` instructions
 /// (the enabling `msr`, the `mov` that loads the count, each iteration's

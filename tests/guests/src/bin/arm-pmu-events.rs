@@ -50,9 +50,7 @@ fn main(t: &mut Test) {
         );
         return;
     }
-    write_sysreg!("pmcntenclr_el0", u64::MAX);
-    write_sysreg!("pmintenclr_el1", u64::MAX);
-    write_sysreg!("pmovsclr_el0", u64::MAX);
+    guest::arch::pmu_clear();
     write_sysreg!("pmcr_el0", E);
     write_sysreg!("pmevtyper0_el0", LD_RETIRED);
     write_sysreg!("pmevtyper1_el0", ST_RETIRED);

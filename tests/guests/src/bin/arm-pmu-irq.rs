@@ -48,9 +48,7 @@ fn main(t: &mut Test) {
         return;
     }
     gic::enable(PMU_PPI);
-    write_sysreg!("pmcntenclr_el0", u64::MAX);
-    write_sysreg!("pmintenclr_el1", u64::MAX);
-    write_sysreg!("pmovsclr_el0", u64::MAX);
+    guest::arch::pmu_clear();
     write_sysreg!("pmcr_el0", E | P);
     write_sysreg!("pmevtyper0_el0", INST_RETIRED);
     write_sysreg!("pmevcntr0_el0", 0xffff_ff00);

@@ -31,9 +31,7 @@ fn main(t: &mut Test) {
         t.skip("arm-pmu-workload", "PMCEID: the events are not counted");
         return;
     }
-    write_sysreg!("pmcntenclr_el0", u64::MAX);
-    write_sysreg!("pmovsclr_el0", u64::MAX);
-    write_sysreg!("pmintenclr_el1", u64::MAX);
+    guest::arch::pmu_clear();
     write_sysreg!("pmevtyper0_el0", 0x08);
     write_sysreg!("pmevtyper1_el0", 0x21);
     write_sysreg!("pmevtyper2_el0", 0x13);

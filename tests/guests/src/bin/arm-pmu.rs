@@ -79,9 +79,7 @@ fn main(t: &mut Test) {
     t.eq("pmcr.imp-idcode", pmcr >> 16, 0);
 
     // Clean state: nothing enabled, no overflow, no interrupt.
-    write_sysreg!("pmcntenclr_el0", u64::MAX);
-    write_sysreg!("pmintenclr_el1", u64::MAX);
-    write_sysreg!("pmovsclr_el0", u64::MAX);
+    guest::arch::pmu_clear();
     write_sysreg!("pmcr_el0", E);
 
     // Counters 0..2: instructions, branches, memory accesses at EL1.
