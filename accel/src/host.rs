@@ -82,6 +82,14 @@ impl ThreadWatch {
         Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
     }
 
+    /// Its CPU clock now and whether it is on a CPU at this moment: the
+    /// clock moved between two reads a moment apart. None if unreadable.
+    pub fn cpu_ns_and_running(&self) -> Option<(u64, bool)> {
+        let a = self.cpu_ns()?;
+        let b = self.cpu_ns()?;
+        Some((b, b != a))
+    }
+
     /// Whether it is runnable ("R" in `/proc/self/task/<tid>/stat`): running
     /// or waiting on a run queue, not sleeping in a system call.
     pub fn runnable(&self) -> bool {

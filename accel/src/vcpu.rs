@@ -466,9 +466,10 @@ impl Vcpu {
             if peer.index == self.index || tid == 0 || !peer.in_guest.load(Ordering::Acquire) {
                 return;
             }
-            let w = crate::host::ThreadWatch::clock_only(tid);
-            let (a, b) = (w.cpu_ns(), w.cpu_ns());
-            if a.is_some() && a == b && peer.in_guest.load(Ordering::Acquire) {
+            let off_cpu = crate::host::ThreadWatch::clock_only(tid)
+                .cpu_ns_and_running()
+                .is_some_and(|(_, running)| !running);
+            if off_cpu && peer.in_guest.load(Ordering::Acquire) {
                 peer.lock().steal.mark_preempted(mem);
             }
         });
@@ -521,19 +522,17 @@ impl Vcpu {
         };
         let in_guest = self.in_guest.load(Ordering::Acquire);
         let halts = self.halts.load(Ordering::Acquire);
-        // Two reads of the thread's CPU clock a moment apart: it moves only
-        // while the thread is on a CPU.
-        let (cpu, again) = if in_guest {
-            (v.watch.cpu_ns(), v.watch.cpu_ns())
+        let now = if in_guest {
+            v.watch.cpu_ns_and_running()
         } else {
-            (None, None)
+            None
         };
         let descheduled = x86
             && v.in_guest
             && v.halts == halts
-            && match (v.cpu_ns, cpu, again) {
-                (Some(then), Some(now), Some(again)) => {
-                    descheduled(now.saturating_sub(then), again != now, interval_ns)
+            && match (v.cpu_ns, now) {
+                (Some(then), Some((cpu, running))) => {
+                    descheduled(cpu.saturating_sub(then), running, interval_ns)
                 }
                 _ => false,
             }
@@ -551,7 +550,7 @@ impl Vcpu {
                 s.pvtime.sample(mem, rd);
             }
         }
-        (v.cpu_ns, v.in_guest, v.halts) = (cpu, in_guest, halts);
+        (v.cpu_ns, v.in_guest, v.halts) = (now.map(|(cpu, _)| cpu), in_guest, halts);
         if descheduled {
             Sampled::Contended
         } else if in_guest {
