@@ -106,6 +106,14 @@ void rustkvm_machine_exit(void);
 RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
 /** Architectural reset of a vCPU (cold reset, system_reset). */
 void rustkvm_vcpu_reset(RustkvmVcpu *vcpu);
+/**
+ * How another thread makes the vCPU leave guest code at its next block:
+ * `exit(opaque)`, callable from any thread until replaced, removed (NULL
+ * `exit`) or the vCPU destroyed (rustkvm: `cpu_exit(cpu)`, used when steal
+ * time marks a descheduled vCPU preempted, so its next entry clears it).
+ */
+void rustkvm_vcpu_set_exit_request(RustkvmVcpu *vcpu, void (*exit)(void *opaque),
+                                   void *opaque);
 /** Destroy a vCPU (unplug, or exit); `vcpu` may be NULL. */
 void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
 /** The vCPU thread is about to execute guest code (steal time is folded in). */

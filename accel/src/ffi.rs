@@ -6,7 +6,7 @@
 //! controls). `build.rs` checks at compile time that each function's Rust
 //! signature matches the header's.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -250,6 +250,33 @@ pub unsafe extern "C" fn rustkvm_vcpu_run_end(vcpu: *mut RustkvmVcpu, halted: bo
     }
 }
 
+/// Install how another thread makes this vCPU leave guest code at its next
+/// block: `exit(opaque)` (QEMU: `cpu_exit(cpu)`). NULL `exit` removes it.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `exit(opaque)` must be callable from any
+/// thread until it is replaced, removed, or the handle destroyed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_vcpu_set_exit_request(
+    vcpu: *mut RustkvmVcpu,
+    exit: Option<unsafe extern "C" fn(opaque: *mut c_void)>,
+    opaque: *mut c_void,
+) {
+    // SAFETY: forwarded caller contract.
+    let Some(v) = (unsafe { vcpu_ref(vcpu) }) else {
+        return;
+    };
+    // The pointer crosses threads as an address; the caller vouches for it.
+    let opaque = opaque as usize;
+    v.set_exit_request(exit.map(|exit| {
+        crate::vcpu::ExitRequest::new(move || {
+            // SAFETY: the caller keeps `exit(opaque)` callable from any
+            // thread until it is removed, which waits for this call.
+            unsafe { exit(opaque as *mut c_void) }
+        })
+    }));
+}
+
 /// Destroy a vCPU handle.
 ///
 /// # Safety
@@ -263,6 +290,8 @@ pub unsafe extern "C" fn rustkvm_vcpu_destroy(vcpu: *mut RustkvmVcpu) {
     // SAFETY: the handle came from `Arc::into_raw` in `rustkvm_vcpu_create`,
     // and the caller gives up its reference here.
     let vcpu = unsafe { Arc::from_raw(vcpu.cast::<Vcpu>().cast_const()) };
+    // Its CPU goes away: another thread holding the vCPU must not reach it.
+    vcpu.set_exit_request(None);
     if let Some(vm) = VM.lock().clone() {
         vm.remove_vcpu(vcpu.index());
     }
@@ -1059,6 +1088,19 @@ mod tests {
             rustkvm_x86_pv_kick(std::ptr::null_mut());
             assert!(rustkvm_x86_take_pv_unhalt(v0));
             assert!(!rustkvm_x86_take_pv_unhalt(std::ptr::null_mut()));
+
+            // cpu_exit stand-in: adds its opaque pointer's address.
+            static EXITS: AtomicU64 = AtomicU64::new(0);
+            unsafe extern "C" fn exit(opaque: *mut c_void) {
+                EXITS.fetch_add(opaque as u64, Ordering::SeqCst);
+            }
+            rustkvm_vcpu_set_exit_request(v0, Some(exit), 7 as *mut c_void);
+            rustkvm_vcpu_set_exit_request(std::ptr::null_mut(), Some(exit), std::ptr::null_mut());
+            vcpu_ref(v0).unwrap().request_exit();
+            assert_eq!(EXITS.load(Ordering::SeqCst), 7, "exit(opaque) called");
+            rustkvm_vcpu_set_exit_request(v0, None, std::ptr::null_mut());
+            vcpu_ref(v0).unwrap().request_exit();
+            assert_eq!(EXITS.load(Ordering::SeqCst), 7, "removed: not called");
             assert_eq!(
                 rustkvm_x86_cpuid_supported(0x4000_0001, 0, 0, 0) & 0x80,
                 0x80

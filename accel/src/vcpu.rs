@@ -343,7 +343,27 @@ pub struct Vcpu {
     pv_enforce: AtomicBool,
     // x86: the PMU, without a lock (see LocalCell).
     local: LocalCell,
+    // Makes the vCPU leave guest code at its next block (QEMU's cpu_exit),
+    // from any thread; called and cleared under this lock.
+    exit_request: Mutex<Option<ExitRequest>>,
     shared: Arc<Shared>,
+}
+
+/// Asks a vCPU's thread, from any thread, to leave guest code at its next
+/// translation block and enter again (QEMU's `cpu_exit`).
+pub struct ExitRequest(Box<dyn Fn() + Send + Sync>);
+
+impl ExitRequest {
+    /// `request` makes the vCPU leave guest code; callable from any thread.
+    pub fn new(request: impl Fn() + Send + Sync + 'static) -> Self {
+        ExitRequest(Box::new(request))
+    }
+}
+
+impl fmt::Debug for ExitRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ExitRequest")
+    }
 }
 
 impl Vcpu {
@@ -366,7 +386,26 @@ impl Vcpu {
             kvm_features: AtomicU32::new(0),
             pv_enforce: AtomicBool::new(false),
             local: LocalCell::default(),
+            exit_request: Mutex::new(None),
             shared,
+        }
+    }
+
+    /// Install (or, with None, remove) how this vCPU is made to leave guest
+    /// code from another thread. Once removal returns, the old one is no
+    /// longer running and is never called again.
+    pub fn set_exit_request(&self, request: Option<ExitRequest>) {
+        *self.exit_request.lock() = request;
+    }
+
+    /// Make the vCPU leave guest code at its next block, so its entry clears
+    /// a `preempted` flag set while its thread was off the host CPUs: when
+    /// the host runs the thread again it finishes at most the block it was
+    /// in before the entry clears the flag, as a KVM vCPU enters through
+    /// `record_steal_time` after a preemption.
+    pub(crate) fn request_exit(&self) {
+        if let Some(request) = &*self.exit_request.lock() {
+            (request.0)();
         }
     }
 
@@ -444,7 +483,8 @@ impl Vcpu {
     /// No `R` check here (a /proc read): a vCPU thread in guest code and off
     /// the CPUs is not running guest code, whether it waits on a run queue
     /// or on QEMU's lock; a halted vCPU is not in guest code and never
-    /// marked.
+    /// marked. A marked vCPU is asked to leave guest code (see
+    /// [`Vcpu::request_exit`]).
     fn mark_descheduled_peers(&self) {
         if !self.shared.mttcg || !self.shared.contended() {
             return;
@@ -469,8 +509,11 @@ impl Vcpu {
             let off_cpu = crate::host::ThreadWatch::clock_only(tid)
                 .cpu_ns_and_running()
                 .is_some_and(|(_, running)| !running);
-            if off_cpu && peer.in_guest.load(Ordering::Acquire) {
-                peer.lock().steal.mark_preempted(mem);
+            if off_cpu
+                && peer.in_guest.load(Ordering::Acquire)
+                && peer.lock().steal.mark_preempted(mem)
+            {
+                peer.request_exit();
             }
         });
     }
@@ -502,8 +545,10 @@ impl Vcpu {
     /// guest code at both ticks without halting in between, its thread is
     /// off the host CPUs now after a real wait ([`descheduled`]) and is
     /// runnable — waiting on a host run queue, KVM's "preempted"
-    /// (`kvm_sched_out` with the task still on the run queue); cleared as
-    /// soon as a tick finds it running again. A vCPU out of
+    /// (`kvm_sched_out` with the task still on the run queue). Marking it
+    /// asks it to leave guest code, so the entry after its thread gets a CPU
+    /// back clears the flag (a tick that finds it running clears it too).
+    /// A vCPU out of
     /// guest code (halted) costs no system call: its steal is folded in at
     /// its next entry.
     pub fn sample(&self, view: &mut Option<SamplerView>, interval_ns: u64, fold: bool) -> Sampled {
@@ -542,13 +587,17 @@ impl Vcpu {
         } else {
             None
         };
-        {
+        let marked = {
             let mem = &*self.shared.host;
             let mut s = self.lock();
-            s.steal.sample(mem, rd, descheduled);
+            let marked = s.steal.sample(mem, rd, descheduled);
             if let Some(rd) = rd {
                 s.pvtime.sample(mem, rd);
             }
+            marked
+        };
+        if marked {
+            self.request_exit();
         }
         (v.cpu_ns, v.in_guest, v.halts) = (now.map(|(cpu, _)| cpu), in_guest, halts);
         if descheduled {

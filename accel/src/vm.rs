@@ -490,6 +490,14 @@ mod tests {
             vm.shared.host.read(PREEMPTED as u64, &mut b);
             b[0]
         };
+        // QEMU's cpu_exit for vCPU 1: how often it was asked to leave.
+        let exits = Arc::new(AtomicU64::new(0));
+        v1.set_exit_request(Some({
+            let exits = Arc::clone(&exits);
+            crate::vcpu::ExitRequest::new(move || {
+                exits.fetch_add(1, Ordering::SeqCst);
+            })
+        }));
         // vCPU 1 enables steal time, enters guest code on its own thread,
         // and that thread sleeps: in guest code, off the CPUs.
         let (go, done) = (
@@ -525,6 +533,7 @@ mod tests {
         ));
         v0.run_begin();
         assert_eq!(byte(), 1, "marked preempted");
+        assert_eq!(exits.load(Ordering::SeqCst), 1, "and asked to leave");
         v0.run_end(false);
         done.store(true, Ordering::SeqCst);
         t.join().unwrap();
@@ -538,5 +547,6 @@ mod tests {
         ));
         v0.run_begin();
         assert_eq!(byte(), 0, "a halted vCPU is not preempted");
+        assert_eq!(exits.load(Ordering::SeqCst), 1);
     }
 }

@@ -1260,7 +1260,9 @@ fn vcpu0_thread(pid: u32) -> Option<u32> {
 /// thread pinned to the vCPU thread's host CPU then keeps it off the CPU
 /// for at least MIN_RUN_DELAY, and the stolen time the guest sees grows by
 /// at least that much. The guest checks the structure itself (version even
-/// and growing, flags and preempted 0; arm64 revision and attributes 0).
+/// and growing, flags and preempted 0; arm64 revision and attributes 0),
+/// the second time while the thread keeps taking its CPU 1 ms in 2: a
+/// vCPU never sees its own `preempted` set after it ran again.
 fn steal_time_selftest(arch: Arch, backend: Backend) {
     use std::io::{BufRead, BufReader, Write};
     use std::process::{Command, Stdio};
@@ -1312,40 +1314,59 @@ fn steal_time_selftest(arch: Arch, backend: Backend) {
     let stolen0 = measure(&serial, "stolen.sync0");
     assert!(stolen0 <= rd0, "{ctx}: stolen {stolen0} > run_delay {rd0}");
 
-    // Steal from the vCPU: a busy thread on its host CPU.
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = Arc::clone(&stop);
-    let hog = std::thread::spawn(move || {
-        // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it;
-        // sched_setaffinity(0, ...) pins this thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(host_cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    // Steal from the vCPU: a busy thread on its host CPU, busy for `on`
+    // out of every `on + off` until stopped.
+    let hog = |on: std::time::Duration, off: std::time::Duration| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it;
+            // sched_setaffinity(0, ...) pins this thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(host_cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            while !stop2.load(Ordering::Relaxed) {
+                let t = std::time::Instant::now();
+                while t.elapsed() < on && !stop2.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(off);
+            }
+        });
+        move || {
+            stop.store(true, Ordering::Relaxed);
+            thread.join().unwrap();
         }
-        while !stop2.load(Ordering::Relaxed) {
-            std::hint::spin_loop();
-        }
-    });
+    };
+    let stop_hog = hog(std::time::Duration::from_secs(3600), Default::default());
     let t0 = std::time::Instant::now();
     while run_delay_ns(pid, tid) - rd0 < MIN_RUN_DELAY_NS
         && t0.elapsed() < std::time::Duration::from_secs(20)
     {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    stop.store(true, Ordering::Relaxed);
-    hog.join().unwrap();
+    stop_hog();
     let forced = run_delay_ns(pid, tid) - rd0;
     assert!(
         forced >= MIN_RUN_DELAY_NS,
         "{ctx}: run_delay grew only {forced} ns"
     );
 
+    // Released, the guest checks the structure after 20 ms of guest code.
+    // The host keeps taking the vCPU off its CPU meanwhile (1 ms in 2):
+    // `preempted` is set while it is off, and is 0 whenever it looks.
     let _ = child.stdin.take().unwrap().write_all(b"x");
+    let stop_hog = hog(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(1),
+    );
     for l in lines.map_while(Result::ok) {
         serial += &l;
         serial.push('\n');
     }
+    stop_hog();
     let _ = child.wait();
     assert!(
         serial.contains("ok released-by-host") && !serial.contains("not ok"),

@@ -121,19 +121,25 @@ impl StealTime {
     /// CPUs now (see `Vcpu::sample`). Folds the steal in at once, sets
     /// `preempted` while descheduled, clears it once the thread runs again
     /// (it may not re-enter for a long time). A halted vCPU's thread sleeps:
-    /// it is never descheduled.
-    pub fn sample(&mut self, mem: &dyn GuestMemory, run_delay_ns: Option<u64>, descheduled: bool) {
+    /// it is never descheduled. True if it marked the vCPU preempted now.
+    pub fn sample(
+        &mut self,
+        mem: &dyn GuestMemory,
+        run_delay_ns: Option<u64>,
+        descheduled: bool,
+    ) -> bool {
         if !self.enabled() {
-            return;
+            return false;
         }
         if run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
             // The vCPU is not entering: `preempted` is the sampler's to decide.
             self.record(mem, false);
         }
         if descheduled {
-            self.set_preempted(mem);
+            self.set_preempted(mem)
         } else {
             self.clear_preempted(mem);
+            false
         }
     }
 
@@ -147,21 +153,22 @@ impl StealTime {
     }
 
     /// Mark the vCPU preempted now (another vCPU found it off the host
-    /// CPUs); nothing unless steal time is on.
-    pub fn mark_preempted(&mut self, mem: &dyn GuestMemory) {
-        if self.enabled() {
-            self.set_preempted(mem);
-        }
+    /// CPUs); nothing unless steal time is on. True if it marked it now.
+    pub fn mark_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
+        self.enabled() && self.set_preempted(mem)
     }
 
     /// `kvm_steal_time_set_preempted`: mark the vCPU preempted in the guest.
-    fn set_preempted(&mut self, mem: &dyn GuestMemory) {
+    /// True if the flag was clear and is set now.
+    fn set_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
         if self.preempted != 0 {
-            return;
+            return false;
         }
-        if mem.write(self.gpa() + layout::PREEMPTED, &[KVM_VCPU_PREEMPTED]) {
+        let set = mem.write(self.gpa() + layout::PREEMPTED, &[KVM_VCPU_PREEMPTED]);
+        if set {
             self.preempted = KVM_VCPU_PREEMPTED;
         }
+        set
     }
 
     /// `record_steal_time`: clear `preempted` (on entry, `clear_preempted`),
@@ -309,20 +316,21 @@ mod tests {
         st.enter(&ram, Threading::Mttcg, 1, 1_000);
         // Descheduled now: preempted at once, before the kernel reports the
         // wait in run_delay (it does when the thread gets a CPU back).
-        st.sample(&ram, Some(1_000), true);
+        assert!(st.sample(&ram, Some(1_000), true), "marked now");
         assert_eq!((preempted(&ram), steal(&ram)), (KVM_VCPU_PREEMPTED, 0));
         assert_eq!(version(&ram) % 2, 0);
-        // Still off the CPU: stays set; the finished wait is folded in.
-        st.sample(&ram, Some(801_000), true);
+        // Still off the CPU: stays set (not marked again); the finished wait
+        // is folded in.
+        assert!(!st.sample(&ram, Some(801_000), true), "already marked");
         assert_eq!(
             (preempted(&ram), steal(&ram)),
             (KVM_VCPU_PREEMPTED, 800_000)
         );
         // Running again: cleared, no new steal.
-        st.sample(&ram, Some(801_000), false);
+        assert!(!st.sample(&ram, Some(801_000), false));
         assert_eq!((preempted(&ram), steal(&ram)), (0, 800_000));
         // A tick that does not read the delay still decides `preempted`.
-        st.sample(&ram, None, true);
+        assert!(st.sample(&ram, None, true));
         assert_eq!(preempted(&ram), KVM_VCPU_PREEMPTED);
         // The vCPU's own entry clears it without folding (and the sampled
         // steal is not counted twice when it does fold).
@@ -341,7 +349,8 @@ mod tests {
         st.clear_preempted(&ram);
         assert_eq!(preempted(&ram), 0x5a, "not ours to clear");
         st.write_msr(GPA).unwrap();
-        st.sample(&ram, Some(5), true);
+        assert!(!st.sample(&ram, Some(5), true));
+        assert!(!st.mark_preempted(&ram));
         assert_eq!(preempted(&ram), 0x5a, "disabled: never written");
     }
 

@@ -72,8 +72,10 @@ fn main(t: &mut Test) {
     let released = wait_for_host(60_000_000_000, rdtsc);
     t.check("released-by-host", released, format_args!("no byte"));
     // Let updates taken after the release land (KVM: at the next entries,
-    // which port I/O causes; rustkvm MTTCG: the sampler's 2 ms ticks):
-    // 20 ms at ≥ 2 GHz.
+    // which port I/O causes; rustkvm MTTCG: the sampler's ticks): 20 ms at
+    // ≥ 2 GHz. A busy host may take this vCPU off its CPU meanwhile; KVM
+    // clears `preempted` at the entry that follows, rustkvm at the exit it
+    // then requests (at most a block later), so the check below sees 0.
     let t1 = rdtsc();
     while rdtsc().wrapping_sub(t1) < 40_000_000 {
         arch::outb(0x80, 0);
