@@ -813,7 +813,27 @@ impl Vcpu {
             clock::MSR_IA32_TSC_DEADLINE => s.clock.write_deadline(value),
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => {
                 s.clock.system_time_msr = value;
+                let old = index == clock::MSR_KVM_SYSTEM_TIME;
+                // `kvm_write_system_time`: vCPU 0's choice of MSR decides
+                // whether the VM's kvmclock can be stable (the master clock
+                // needs the new one); a change rewrites every vCPU's.
+                let changed = self.index == 0
+                    && self
+                        .shared
+                        .old_kvmclock_on_boot_vcpu
+                        .swap(old, Ordering::Relaxed)
+                        != old;
                 s.clock.write_pvclock(mem, rate, self.kvmclock_stable());
+                if changed {
+                    drop(s);
+                    self.shared.for_each_peer(|peer| {
+                        if peer.index != self.index {
+                            let stable = peer.kvmclock_stable();
+                            peer.lock().clock.write_pvclock(mem, rate, stable);
+                        }
+                    });
+                    return Route::Handled(());
+                }
                 Timer::Unchanged
             }
             clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => {
@@ -852,8 +872,14 @@ impl Vcpu {
         self.pv_enforce.store(on, Ordering::Relaxed);
     }
 
+    /// PVCLOCK_TSC_STABLE_BIT for this vCPU's kvmclock: advertised, and
+    /// KVM's master clock possible (vCPU 0 not on the legacy MSR).
     fn kvmclock_stable(&self) -> bool {
         self.kvm_features.load(Ordering::Relaxed) & KVM_FEATURE_CLOCKSOURCE_STABLE_BIT != 0
+            && !self
+                .shared
+                .old_kvmclock_on_boot_vcpu
+                .load(Ordering::Relaxed)
     }
 
     /// x86, after each reset: the CPU model's TSC frequency (0: default;

@@ -130,6 +130,9 @@ pub struct Shared {
     tsc_khz: AtomicU64,
     /// x86: MSR_KVM_WALL_CLOCK(_NEW), one per VM as in KVM.
     pub wall_clock_msr: AtomicU64,
+    /// x86: vCPU 0 last set its kvmclock through the legacy MSR
+    /// (`boot_vcpu_runs_old_kvmclock`): no vCPU's kvmclock is stable then.
+    pub old_kvmclock_on_boot_vcpu: AtomicBool,
     /// x86: `pmu-counters` (set once at machine creation).
     pmu_counters: AtomicU32,
     /// The vCPUs, for a spinning vCPU to look at the others (weak: each
@@ -158,6 +161,7 @@ impl Shared {
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
+            old_kvmclock_on_boot_vcpu: AtomicBool::new(false),
             pmu_counters: AtomicU32::new(0),
             peers: parking_lot::RwLock::new(Vec::new()),
             contended: AtomicBool::new(false),
@@ -473,6 +477,45 @@ mod tests {
         assert!(lines[0].starts_with("rustkvm: x86_64 vcpu 0: resets=0 "));
         assert!(lines[1].starts_with("rustkvm: x86_64 vcpu 1: resets=1 "));
         assert!(lines[1].contains(" rdmsr=1 "), "{}", lines[1]);
+    }
+
+    #[test]
+    fn the_boot_vcpu_on_the_legacy_kvmclock_msr_makes_no_kvmclock_stable() {
+        use crate::x86::clock::{pvti, MSR_KVM_SYSTEM_TIME, MSR_KVM_SYSTEM_TIME_NEW};
+        use crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT as STABLE;
+        const A: u64 = 0x1000;
+        const B: u64 = 0x1040;
+        let vm = Vm::with_memory(
+            VmConfig::new(Arch::X86_64, 2, false).unwrap(),
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
+        );
+        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        for v in [&v0, &v1] {
+            v.x86_setup(0, STABLE, 0, std::ptr::null_mut());
+        }
+        let flags = |gpa: u64| {
+            let mut b = [0u8];
+            vm.shared.host.read(gpa + pvti::FLAGS, &mut b);
+            b[0]
+        };
+        let wr = |v: &Vcpu, msr, value| {
+            assert_eq!(v.wrmsr(msr, value), crate::vcpu::Route::Handled(()));
+        };
+        wr(&v1, MSR_KVM_SYSTEM_TIME_NEW, B | 1);
+        wr(&v0, MSR_KVM_SYSTEM_TIME_NEW, A | 1);
+        assert_eq!((flags(A), flags(B)), (1, 1), "advertised: stable");
+        // vCPU 0 moves to MSR 0x12: no master clock, every vCPU rewritten.
+        wr(&v0, MSR_KVM_SYSTEM_TIME, A | 1);
+        assert_eq!((flags(A), flags(B)), (0, 0));
+        // Another vCPU's choice does not matter.
+        wr(&v1, MSR_KVM_SYSTEM_TIME, B | 1);
+        wr(&v1, MSR_KVM_SYSTEM_TIME_NEW, B | 1);
+        assert_eq!(flags(B), 0);
+        // vCPU 0 back on the new MSR (even disabling it): stable again.
+        wr(&v0, MSR_KVM_SYSTEM_TIME_NEW, A);
+        assert_eq!(flags(B), 1);
+        wr(&v1, MSR_KVM_SYSTEM_TIME, B | 1);
+        assert_eq!(flags(B), 1);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! arch/x86/include/asm/pvclock-abi.h, arch/x86/kvm/x86.c): the wall clock
 //! and per-vCPU time structures are written with even versions; the scale
 //! gives the TSC rate; PVCLOCK_TSC_STABLE_BIT is set exactly when CPUID
-//! 0x40000001 advertises it; the clock read as Linux reads it never goes
+//! 0x40000001 advertises it and vCPU 0 does not use the legacy MSR; the clock read as Linux reads it never goes
 //! backwards, on one vCPU over many reads, across a TSC write, or from one
 //! vCPU to the other; a structure address outside RAM is accepted (no #GP,
 //! as KVM). `wall.unix-s` is the guest's wall-clock time, which the host
@@ -30,6 +30,8 @@ mod kc {
     pub const MSR_WALL_CLOCK: u32 = 0x4b56_4d00;
     /// MSR_KVM_SYSTEM_TIME_NEW.
     pub const MSR_SYSTEM_TIME: u32 = 0x4b56_4d01;
+    /// MSR_KVM_SYSTEM_TIME, the legacy one.
+    pub const MSR_SYSTEM_TIME_OLD: u32 = 0x12;
 
     /// `struct pvclock_vcpu_time_info`.
     #[repr(C, align(64))]
@@ -183,6 +185,20 @@ fn main(t: &mut Test) {
     );
     let unix_ns = u64::from(sec) * 1_000_000_000 + u64::from(nsec) + now;
     t.measure("wall.unix-s", format_args!("{}", unix_ns / 1_000_000_000));
+
+    // vCPU 0 on the legacy MSR turns KVM's master clock off, and with it
+    // the stable bit (`kvm_write_system_time`, `boot_vcpu_runs_old_kvmclock`);
+    // back on the new MSR, the stable bit is as advertised again.
+    if arch::cpuid(0x4000_0001, 0)[0] & 1 != 0 {
+        let _ = arch::wrmsr(MSR_SYSTEM_TIME_OLD, bsp | 1);
+        t.eq("legacy-msr-not-stable", read(&raw const BSP).1 & 1, 0);
+        let _ = arch::wrmsr(MSR_SYSTEM_TIME, bsp | 1);
+        t.eq(
+            "new-msr-stable-as-advertised-again",
+            read(&raw const BSP).1 & 1 != 0,
+            advertised_stable,
+        );
+    }
 
     // Monotonic over many reads, and across a TSC write (kvmclock follows).
     let mut last = 0;
