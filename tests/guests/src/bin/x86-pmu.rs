@@ -364,7 +364,11 @@ mod pmu {
 
         // A cycle counter's PMI (FIXED_CTR1, PMI bit) comes from a timer:
         // after its 2 000 000 cycles (1 ms of guest TSC), not before, and
-        // once. The guest spins reading the TSC meanwhile.
+        // once. The guest spins, and reads the TSC once it has seen the
+        // NMI: a TSC read before it may be stale by however long the host
+        // kept this vCPU off its CPU in between, which unhalted cycles count
+        // (a loaded host made that check fail: seen after 0.36 ms of TSC,
+        // counted 6.7 ms of cycles).
         const PERIOD: u64 = 2_000_000;
         let (n0, _) = nmis();
         arm_pmi(0, INSNS, 1 << 40); // nothing else with a PMI
@@ -375,8 +379,9 @@ mod pmu {
         let t0 = arch::rdtsc();
         wr(GLOBAL_CTRL, 1 << 33);
         let seen = loop {
+            let seen_nmi = nmis().0 != n0;
             let now = arch::rdtsc();
-            if nmis().0 != n0 || now - t0 > 200 * PERIOD {
+            if seen_nmi || now - t0 > 200 * PERIOD {
                 break now - t0;
             }
         };
