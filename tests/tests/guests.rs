@@ -199,6 +199,41 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
 }
 
 #[test]
+fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
+    let _serial = serial();
+    // vCPU 1 in socket 1 of 129-core sockets: APIC ID 256 (q35, x2APIC).
+    let opts = run::RunOptions {
+        qemu_args: [
+            "-M",
+            "q35",
+            "-smp",
+            "1,maxcpus=258,sockets=2,cores=129",
+            "-device",
+            "max-x86_64-cpu,socket-id=1,core-id=0,thread-id=0",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    };
+    let t = find_test("x86-kvm-pv-ipi-x2apic");
+    for variant in [Variant::Default, Variant::RrSmp2] {
+        let r = run::run_with(&t, Arch::X86_64, variant, Backend::Rustkvm, &opts).expect("ran");
+        assert_pass(&r, format_args!("{variant}"));
+        assert!(
+            r.outcome.serial.contains("ok ap-256-has-the-vector"),
+            "{}",
+            r.outcome.serial
+        );
+    }
+    let tcg = run::run_with(&t, Arch::X86_64, Variant::Default, Backend::Tcg, &opts).expect("ran");
+    assert!(
+        matches!(tcg.outcome.status, Status::Skip(_)),
+        "{:?}",
+        tcg.outcome.status
+    );
+}
+
+#[test]
 fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
     let _serial = serial();
     let t = &find_test("x86-kvm-pv-smp");

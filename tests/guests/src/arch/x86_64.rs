@@ -770,6 +770,59 @@ fn lapic_icr_idle() -> bool {
 /// SIPI as the MP specification describes) running `work`, then halting;
 /// returns once it runs Rust code. Up to [`MAX_APS`] APs, one at a time.
 pub fn start_ap(apic_id: u8, work: fn()) {
+    let started = prepare_ap(work);
+    let dest = u32::from(apic_id) << 24;
+    lapic_write(LAPIC_ICR_HI, dest);
+    lapic_write(LAPIC_ICR_LO, 0x0000_4500); // INIT, assert
+    while !lapic_icr_idle() {}
+    for _ in 0..2 {
+        lapic_write(LAPIC_ICR_HI, dest);
+        lapic_write(LAPIC_ICR_LO, 0x0000_4600 | (AP_TRAMPOLINE >> 12) as u32); // SIPI
+        while !lapic_icr_idle() {}
+    }
+    wait_for_ap(started);
+}
+
+/// IA32_APIC_BASE.
+pub const MSR_IA32_APIC_BASE: u32 = 0x1b;
+/// IA32_APIC_BASE bit 10: x2APIC mode (EXTD).
+pub const APIC_BASE_EXTD: u64 = 1 << 10;
+/// The x2APIC MSR of xAPIC register `offset` (SDM §11.12.1.2: 0x800 +
+/// offset / 16).
+pub const fn x2apic_msr(offset: u32) -> u32 {
+    0x800 + offset / 16
+}
+
+/// Put this CPU's local APIC in x2APIC mode (it must be enabled, as at
+/// reset) and software-enable it (SVR bit 8, spurious vector 0xff).
+pub fn enable_x2apic() {
+    let base = rdmsr(MSR_IA32_APIC_BASE).unwrap_or(0);
+    let _ = wrmsr(MSR_IA32_APIC_BASE, base | APIC_BASE_EXTD);
+    let _ = wrmsr(x2apic_msr(0xf0), 0x1ff);
+}
+
+/// Whether `vector` is pending in this CPU's IRR, in x2APIC mode.
+pub fn x2apic_irr(vector: u8) -> bool {
+    let v = u32::from(vector);
+    rdmsr(x2apic_msr(0x200 + (v / 32) * 0x10)).unwrap_or(0) & (1 << (v % 32)) != 0
+}
+
+/// [`start_ap`] from a CPU in x2APIC mode ([`enable_x2apic`]): the ICR is
+/// one MSR with a 32-bit destination, so any APIC ID can be reached.
+pub fn start_ap_x2apic(apic_id: u32, work: fn()) {
+    let started = prepare_ap(work);
+    let dest = u64::from(apic_id) << 32;
+    let icr = x2apic_msr(0x300);
+    let _ = wrmsr(icr, dest | 0x4500); // INIT, assert
+    for _ in 0..2 {
+        let _ = wrmsr(icr, dest | 0x4600 | (AP_TRAMPOLINE >> 12)); // SIPI
+    }
+    wait_for_ap(started);
+}
+
+/// Copy the start-up code and set the next AP's work and stack; returns how
+/// many APs had started before.
+fn prepare_ap(work: fn()) -> u64 {
     // SAFETY: reading the counter only the APs write, once each.
     let started = unsafe { (&raw const AP_STARTED).read_volatile() };
     assert!((started as usize) < MAX_APS, "start_ap: out of AP stacks");
@@ -787,17 +840,12 @@ pub fn start_ap(apic_id: u8, work: fn()) {
         let top = stack as u64 + core::mem::size_of::<[u128; 2048]>() as u64;
         (&raw mut guest_ap_stack_top).write_volatile(top);
     }
-    let dest = u32::from(apic_id) << 24;
-    lapic_write(LAPIC_ICR_HI, dest);
-    lapic_write(LAPIC_ICR_LO, 0x0000_4500); // INIT, assert
-    while !lapic_icr_idle() {}
-    for _ in 0..2 {
-        lapic_write(LAPIC_ICR_HI, dest);
-        lapic_write(LAPIC_ICR_LO, 0x0000_4600 | (AP_TRAMPOLINE >> 12) as u32); // SIPI
-        while !lapic_icr_idle() {}
-    }
-    // Wait (bounded: an AP that never starts must not hang the test) until
-    // it left the start-up code and its stack pointer global.
+    started
+}
+
+/// Wait (bounded: an AP that never starts must not hang the test) until
+/// the AP after `started` left the start-up code and its stack global.
+fn wait_for_ap(started: u64) {
     for _ in 0..1_000_000_000u64 {
         // SAFETY: a counter the APs increment.
         if unsafe { (&raw const AP_STARTED).read_volatile() } > started {
