@@ -82,6 +82,12 @@ typedef struct RustkvmConfig {
     /** One host thread per vCPU (MTTCG); false: round-robin on one thread. */
     bool mttcg;
     /**
+     * -icount: VM time counts instructions (round-robin), so steal time
+     * counts the VM time a runnable vCPU waited for its turn, and not the
+     * host's scheduling (deterministic, in the guest's own time).
+     */
+    bool icount;
+    /**
      * arm64: -accel rustkvm,counter-offset=N, subtracted from every counter
      * view of the guest like KVM_ARM_SET_COUNTER_OFFSET (0 on x86).
      */

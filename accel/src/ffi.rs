@@ -80,6 +80,7 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     let vm_config = match result {
         Ok(c) => VmConfig {
             mttcg: config.mttcg,
+            icount: config.icount,
             ..c
         },
         Err(e) => return error_code(e),
@@ -989,6 +990,7 @@ mod tests {
                 max_cpus: 1,
                 stats: false,
                 mttcg: true,
+                icount: false,
                 counter_offset: 0,
                 pmu_counters: 0,
                 ops: no_ops,
@@ -1021,6 +1023,7 @@ mod tests {
                 max_cpus: 2,
                 stats: false,
                 mttcg: true,
+                icount: false,
                 counter_offset: 0,
                 pmu_counters: 0,
                 ops: no_ops,

@@ -61,6 +61,8 @@ pub mod tests {
     //! A fake RAM for model tests that records every write.
     use super::GuestMemory;
     use parking_lot::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
     /// `size` bytes of RAM at GPA 0 with a write log (shareable between
     /// threads, as the machine's memory is).
@@ -68,14 +70,23 @@ pub mod tests {
     pub struct FakeRam {
         bytes: Mutex<Vec<u8>>,
         log: Mutex<Vec<(u64, Vec<u8>)>>,
+        clock: Option<Arc<AtomicU64>>,
     }
 
     impl FakeRam {
-        /// Zeroed RAM.
+        /// Zeroed RAM; the VM clock stands at 0.
         pub fn new(size: usize) -> Self {
             FakeRam {
                 bytes: Mutex::new(vec![0; size]),
                 log: Mutex::new(Vec::new()),
+                clock: None,
+            }
+        }
+        /// Zeroed RAM whose VM clock (`Timers::virtual_ns`) is `clock`.
+        pub fn with_clock(size: usize, clock: Arc<AtomicU64>) -> Self {
+            FakeRam {
+                clock: Some(clock),
+                ..FakeRam::new(size)
             }
         }
         /// Writes so far.
@@ -110,7 +121,11 @@ pub mod tests {
         }
     }
 
-    impl super::Timers for FakeRam {}
+    impl super::Timers for FakeRam {
+        fn virtual_ns(&self) -> u64 {
+            self.clock.as_ref().map_or(0, |c| c.load(Ordering::SeqCst))
+        }
+    }
 
     impl super::Interrupts for FakeRam {
         fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {

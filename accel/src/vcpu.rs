@@ -526,7 +526,7 @@ impl Vcpu {
         if !x86 && !arm {
             return;
         }
-        let (now, threading) = (self.shared.now_ns(), self.shared.threading());
+        let (now, threading) = (self.shared.steal_now_ns(), self.shared.threading());
         let mem = &*self.shared.host;
         let due = (x86 && s.steal.clock.entry_fold_due(threading, now))
             || (arm && s.pvtime.clock.entry_fold_due(threading, now));
@@ -534,7 +534,7 @@ impl Vcpu {
             s.steal.clear_preempted(mem);
             return;
         }
-        let rd = crate::host::thread_run_delay_ns();
+        let rd = self.shared.steal_run_delay_ns();
         s.steal.enter(mem, threading, now, rd);
         s.pvtime.enter(mem, threading, now, rd);
     }
@@ -630,7 +630,7 @@ impl Vcpu {
         }
         let mut s = self.lock();
         if s.steal.enabled() || s.pvtime.active != 0 {
-            let (now, rd) = (self.shared.now_ns(), crate::host::thread_run_delay_ns());
+            let (now, rd) = (self.shared.steal_now_ns(), self.shared.steal_run_delay_ns());
             s.steal.exit(&*self.shared.host, threading, now, rd, halted);
             s.pvtime.exit(threading, now, rd, halted);
         }

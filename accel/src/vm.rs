@@ -58,6 +58,8 @@ pub struct VmConfig {
     pub stats: bool,
     /// One host thread per vCPU.
     pub mttcg: bool,
+    /// `-icount`: VM time counts instructions; steal counts VM time.
+    pub icount: bool,
     /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset.
     pub counter_offset: u64,
     /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU (0: the
@@ -76,6 +78,7 @@ impl VmConfig {
             max_cpus,
             stats,
             mttcg: true,
+            icount: false,
             counter_offset: 0,
             pmu_counters: 0,
         })
@@ -124,6 +127,8 @@ pub struct Shared {
     pub host: Box<dyn Host + Send + Sync>,
     /// One thread per vCPU or round-robin.
     pub mttcg: bool,
+    /// `-icount`: steal counts VM time ([`Shared::steal_now_ns`]).
+    pub icount: bool,
     origin: Instant,
     live_vcpus: AtomicU32,
     /// x86: the guest TSC frequency in kHz, 0 until a vCPU set it.
@@ -157,6 +162,7 @@ impl Shared {
         Shared {
             host,
             mttcg,
+            icount: false,
             origin: Instant::now(),
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
@@ -195,6 +201,28 @@ impl Shared {
     /// QEMU's virtual clock (ns of VM time).
     pub fn virtual_ns(&self) -> u64 {
         self.host.virtual_ns()
+    }
+
+    /// The clock steal time is measured on: host time, or under `-icount`
+    /// VM time, the guest's own (instructions executed): a runnable vCPU
+    /// waiting for its turn then misses what the others execute,
+    /// deterministically.
+    pub fn steal_now_ns(&self) -> u64 {
+        if self.icount {
+            self.virtual_ns().max(1)
+        } else {
+            self.now_ns()
+        }
+    }
+
+    /// The calling vCPU thread's host run delay, which is steal — except
+    /// under `-icount`, where host scheduling does not move VM time (0).
+    pub fn steal_run_delay_ns(&self) -> u64 {
+        if self.icount {
+            0
+        } else {
+            crate::host::thread_run_delay_ns()
+        }
     }
 
     /// The VM's guest TSC rate.
@@ -239,7 +267,8 @@ impl Vm {
 
     /// A machine with no vCPUs over `memory`.
     pub fn with_memory(config: VmConfig, memory: Box<dyn Host + Send + Sync>) -> Self {
-        let shared = Shared::new(memory, config.mttcg);
+        let mut shared = Shared::new(memory, config.mttcg);
+        shared.icount = config.icount;
         shared
             .pmu_counters
             .store(u32::from(config.pmu_counters), Ordering::Relaxed);
@@ -477,6 +506,45 @@ mod tests {
         assert!(lines[0].starts_with("rustkvm: x86_64 vcpu 0: resets=0 "));
         assert!(lines[1].starts_with("rustkvm: x86_64 vcpu 1: resets=1 "));
         assert!(lines[1].contains(" rdmsr=1 "), "{}", lines[1]);
+    }
+
+    #[test]
+    fn under_icount_a_waiting_vcpu_steals_the_vm_time_others_ran_not_host_time() {
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const GPA: u64 = 0x1000;
+        let clock = Arc::new(AtomicU64::new(1_000));
+        let config = VmConfig {
+            mttcg: false,
+            icount: true,
+            ..VmConfig::new(Arch::X86_64, 2, false).unwrap()
+        };
+        let vm = Vm::with_memory(
+            config,
+            Box::new(crate::memory::tests::FakeRam::with_clock(
+                0x2000,
+                Arc::clone(&clock),
+            )),
+        );
+        let (v0, _v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        let steal = || {
+            let mut b = [0u8; 8];
+            vm.shared.host.read(GPA, &mut b);
+            u64::from_le_bytes(b)
+        };
+        assert_eq!(
+            v0.wrmsr(MSR_KVM_STEAL_TIME, GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v0.run_begin();
+        clock.store(2_000, Ordering::SeqCst);
+        // Its turn ends runnable; vCPU 1 executes 500 ns of VM time while
+        // the host takes 20 ms.
+        v0.run_end(false);
+        clock.store(2_500, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        v0.run_begin();
+        assert_eq!(steal(), 500, "VM time, whatever the host did");
+        v0.run_end(true);
     }
 
     #[test]

@@ -199,6 +199,17 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
 }
 
 #[test]
+fn x86_steal_time_under_icount_is_vm_time() {
+    let _serial = serial();
+    // A lone vCPU under -icount: nobody else runs in VM time, and the
+    // host's scheduling does not move VM time, so exactly 0 whatever the
+    // host does (host time used to give it the thread's run delay).
+    let r = run_one("x86-steal-time", Arch::X86_64, Variant::Icount);
+    assert_pass(&r, "icount");
+    assert_eq!(measure(&r, "steal-ns"), "0", "{}", r.outcome.serial);
+}
+
+#[test]
 fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
     let _serial = serial();
     // vCPU 1 in socket 1 of 129-core sockets: APIC ID 256 (q35, x2APIC).
