@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::Instant;
 
 thread_local! {
     /// This thread's `/proc/thread-self/schedstat`, opened once.
@@ -22,7 +23,8 @@ pub fn current_tid() -> i32 {
 
 /// What the MTTCG sampler watches of one vCPU thread of this process: its
 /// schedstat (run-queue delay, for steal) and its CPU clock (whether it is on
-/// a host CPU now, for `preempted`).
+/// a host CPU now, for `preempted`). The models read it through a
+/// [`HostSched`].
 #[derive(Debug)]
 pub struct ThreadWatch {
     tid: i32,
@@ -99,6 +101,85 @@ impl ThreadWatch {
     }
 }
 
+/// The host's clock and scheduler as the models observe them: what a vCPU
+/// entry, a spinning vCPU looking at its peers and the MTTCG sampler read of
+/// the host. The machine holds one ([`crate::vm::Shared`]): [`LinuxSched`]
+/// in production; unit tests give a fake whose time and threads they set,
+/// so that no verdict depends on how the host schedules the test.
+pub trait HostSched: Send + Sync {
+    /// Host monotonic time in ns since an origin of the implementation's
+    /// (fixed for its life).
+    fn now_ns(&self) -> u64;
+
+    /// The calling thread's kernel thread id.
+    fn current_tid(&self) -> i32;
+
+    /// The calling thread's run-queue delay in ns (see
+    /// [`thread_run_delay_ns`]); 0 if the kernel does not say.
+    fn current_run_delay_ns(&self) -> u64;
+
+    /// `thread`'s CPU clock in ns and whether it is on a CPU at this moment
+    /// (see [`ThreadWatch::cpu_ns_and_running`]); None if unreadable.
+    fn cpu_ns_and_running(&self, thread: &ThreadWatch) -> Option<(u64, bool)>;
+
+    /// `thread`'s run-queue delay in ns, completed waits only (see
+    /// [`ThreadWatch::run_delay_ns`]); None if unreadable.
+    fn run_delay_ns(&self, thread: &ThreadWatch) -> Option<u64>;
+
+    /// Whether `thread` is runnable: running or waiting on a run queue, not
+    /// sleeping (see [`ThreadWatch::runnable`]).
+    fn runnable(&self, thread: &ThreadWatch) -> bool;
+}
+
+/// The real host: `CLOCK_MONOTONIC` (through [`Instant`]), thread CPU
+/// clocks, `/proc` schedstat and stat.
+#[derive(Debug, Clone, Copy)]
+pub struct LinuxSched {
+    /// Where [`HostSched::now_ns`] counts from.
+    origin: Instant,
+}
+
+impl LinuxSched {
+    /// The host, its time counted from now.
+    pub fn new() -> Self {
+        LinuxSched {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for LinuxSched {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostSched for LinuxSched {
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    fn current_tid(&self) -> i32 {
+        current_tid()
+    }
+
+    fn current_run_delay_ns(&self) -> u64 {
+        thread_run_delay_ns()
+    }
+
+    fn cpu_ns_and_running(&self, thread: &ThreadWatch) -> Option<(u64, bool)> {
+        thread.cpu_ns_and_running()
+    }
+
+    fn run_delay_ns(&self, thread: &ThreadWatch) -> Option<u64> {
+        thread.run_delay_ns()
+    }
+
+    fn runnable(&self, thread: &ThreadWatch) -> bool {
+        thread.runnable()
+    }
+}
+
 /// Ask the host scheduler for a short time slice for the calling thread
 /// (`sched_setattr` with SCHED_OTHER and `sched_runtime` = `slice_ns`):
 /// EEVDF (Linux 6.12 and later, `kernel/sched/fair.c`) gives a thread with a
@@ -154,8 +235,212 @@ pub fn thread_run_delay_ns() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
+    //! A fake host scheduler for model tests, and the tests of the real one.
+    //! Tests that need the real scheduler to behave in some way (a spinning
+    //! thread getting CPU time, a sleeping one not) are statistics of the
+    //! host: `#[ignore]`d here, run by `scripts/soak-host-sched.sh`.
     use super::*;
+    use parking_lot::Mutex;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+    use std::sync::Arc;
+
+    /// One thread of a [`FakeSched`], as the test sets it.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct FakeThread {
+        /// Its CPU clock (ns).
+        pub cpu_ns: u64,
+        /// On a CPU at this moment.
+        pub running: bool,
+        /// Its run-queue delay so far (ns).
+        pub run_delay_ns: u64,
+        /// Running or on a run queue (not sleeping).
+        pub runnable: bool,
+    }
+
+    /// Run by a [`FakeSched`] as a thread's CPU clock is read.
+    pub type ClockReadHook = Box<dyn FnOnce() + Send>;
+
+    /// What a [`FakeSched`] says, all of it set by the test.
+    #[derive(Default)]
+    struct FakeState {
+        /// Host time (ns).
+        now_ns: u64,
+        /// The thread the test is calling as.
+        current: i32,
+        /// The host threads by tid; any other tid is unreadable.
+        threads: HashMap<i32, FakeThread>,
+        /// Reads of a thread's CPU clock so far.
+        clock_reads: u64,
+        /// Runs at the next read of a thread's CPU clock.
+        on_clock_read: Option<ClockReadHook>,
+    }
+
+    impl std::fmt::Debug for FakeState {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("FakeState")
+                .field("now_ns", &self.now_ns)
+                .field("current", &self.current)
+                .field("threads", &self.threads)
+                .field("clock_reads", &self.clock_reads)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// A host whose clock stands still and whose threads do nothing until
+    /// the test says: time moves by [`FakeSched::advance`], the calling
+    /// thread is whichever [`FakeSched::call_as`] named last (one test
+    /// thread can act as every vCPU thread), threads are what
+    /// [`FakeSched::set`] made them.
+    #[derive(Debug, Default)]
+    pub struct FakeSched(Mutex<FakeState>);
+
+    impl FakeSched {
+        /// A host at time `now_ns` with no threads, called from tid 0 (which
+        /// a vCPU takes for "never ran").
+        pub fn at(now_ns: u64) -> Arc<Self> {
+            let fake = FakeSched::default();
+            fake.0.lock().now_ns = now_ns;
+            Arc::new(fake)
+        }
+
+        /// Move host time on by `ns`.
+        pub fn advance(&self, ns: u64) {
+            self.0.lock().now_ns += ns;
+        }
+
+        /// From now on the caller is thread `tid`.
+        pub fn call_as(&self, tid: i32) {
+            self.0.lock().current = tid;
+        }
+
+        /// Thread `tid` is now `thread`.
+        pub fn set(&self, tid: i32, thread: FakeThread) {
+            self.0.lock().threads.insert(tid, thread);
+        }
+
+        /// Change thread `tid` (a default one if it did not exist).
+        pub fn update(&self, tid: i32, f: impl FnOnce(&mut FakeThread)) {
+            f(self.0.lock().threads.entry(tid).or_default());
+        }
+
+        /// Thread `tid` is gone: unreadable from now on.
+        pub fn forget(&self, tid: i32) {
+            self.0.lock().threads.remove(&tid);
+        }
+
+        /// Run `hook` (once) when a thread's CPU clock is next read, before
+        /// the read: what another thread does at that moment.
+        pub fn on_clock_read(&self, hook: ClockReadHook) {
+            self.0.lock().on_clock_read = Some(hook);
+        }
+
+        /// How often a thread's CPU clock was read so far.
+        pub fn clock_reads(&self) -> u64 {
+            self.0.lock().clock_reads
+        }
+
+        /// Thread `tid` as set, if it exists.
+        fn thread(&self, tid: i32) -> Option<FakeThread> {
+            self.0.lock().threads.get(&tid).copied()
+        }
+    }
+
+    impl HostSched for FakeSched {
+        fn now_ns(&self) -> u64 {
+            self.0.lock().now_ns
+        }
+
+        fn current_tid(&self) -> i32 {
+            self.0.lock().current
+        }
+
+        fn current_run_delay_ns(&self) -> u64 {
+            self.thread(self.current_tid())
+                .map_or(0, |t| t.run_delay_ns)
+        }
+
+        fn cpu_ns_and_running(&self, thread: &ThreadWatch) -> Option<(u64, bool)> {
+            let hook = {
+                let mut state = self.0.lock();
+                state.clock_reads += 1;
+                state.on_clock_read.take()
+            };
+            if let Some(hook) = hook {
+                hook();
+            }
+            self.thread(thread.tid()).map(|t| (t.cpu_ns, t.running))
+        }
+
+        fn run_delay_ns(&self, thread: &ThreadWatch) -> Option<u64> {
+            self.thread(thread.tid()).map(|t| t.run_delay_ns)
+        }
+
+        fn runnable(&self, thread: &ThreadWatch) -> bool {
+            self.thread(thread.tid()).is_some_and(|t| t.runnable)
+        }
+    }
+
+    #[test]
+    fn the_fake_host_says_what_the_test_set() {
+        let fake = FakeSched::at(7);
+        let (a, b) = (ThreadWatch::clock_only(11), ThreadWatch::clock_only(12));
+        assert_eq!(fake.now_ns(), 7);
+        fake.advance(3);
+        assert_eq!(fake.now_ns(), 10, "time moves only when told");
+        assert_eq!(fake.cpu_ns_and_running(&a), None, "no such thread");
+        assert_eq!(fake.run_delay_ns(&a), None);
+        assert!(!fake.runnable(&a));
+        let t = FakeThread {
+            cpu_ns: 5,
+            running: true,
+            run_delay_ns: 9,
+            runnable: true,
+        };
+        fake.set(11, t);
+        assert_eq!(fake.cpu_ns_and_running(&a), Some((5, true)));
+        assert_eq!(fake.run_delay_ns(&a), Some(9));
+        assert!(fake.runnable(&a));
+        assert_eq!(fake.cpu_ns_and_running(&b), None, "only the thread set");
+        assert_eq!(fake.clock_reads(), 3);
+        assert_eq!((fake.current_tid(), fake.current_run_delay_ns()), (0, 0));
+        fake.call_as(11);
+        assert_eq!((fake.current_tid(), fake.current_run_delay_ns()), (11, 9));
+        fake.update(11, |t| t.running = false);
+        assert_eq!(fake.cpu_ns_and_running(&a), Some((5, false)));
+        let hooked = Arc::new(AtomicBool::new(false));
+        fake.on_clock_read({
+            let hooked = Arc::clone(&hooked);
+            Box::new(move || hooked.store(true, Ordering::SeqCst))
+        });
+        assert!(!hooked.load(Ordering::SeqCst));
+        fake.forget(11);
+        assert_eq!(fake.cpu_ns_and_running(&a), None, "forgotten");
+        assert!(hooked.load(Ordering::SeqCst), "run at the read");
+    }
+
+    #[test]
+    fn the_linux_host_reads_this_threads_clocks_through_the_watch() {
+        let host = LinuxSched::new();
+        let t0 = host.now_ns();
+        assert!(host.now_ns() >= t0, "monotonic");
+        let tid = host.current_tid();
+        assert_eq!(tid, current_tid());
+        let w = ThreadWatch::new(tid);
+        let (cpu, _) = host
+            .cpu_ns_and_running(&w)
+            .expect("this thread's CPU clock");
+        let (later, _) = host.cpu_ns_and_running(&w).unwrap();
+        assert!(later >= cpu, "the same clock, read later");
+        let delay = host.run_delay_ns(&w).expect("this thread's schedstat");
+        assert!(host.current_run_delay_ns() >= delay, "read later");
+        assert!(host.runnable(&w), "we are running");
+        let bad = ThreadWatch::new(-5);
+        assert_eq!(host.cpu_ns_and_running(&bad), None, "EINVAL");
+        assert_eq!(host.run_delay_ns(&bad), None);
+        assert!(!host.runnable(&bad));
+    }
 
     #[test]
     fn schedstat_field_two_is_the_run_delay() {
@@ -178,15 +463,13 @@ mod tests {
         assert!(!ThreadWatch::new(-5).runnable());
     }
 
-    #[test]
-    fn another_threads_cpu_clock_grows_while_it_runs_and_not_while_it_sleeps() {
-        use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-        use std::sync::Arc;
-        let (tid, spin, stop) = (
-            Arc::new(AtomicI32::new(0)),
-            Arc::new(AtomicBool::new(true)),
-            Arc::new(AtomicBool::new(false)),
-        );
+    /// A thread that spins while `spin` is set and naps 1 ms at a time
+    /// otherwise, until `stop`; returns its tid and its handle.
+    fn spinner(
+        spin: &Arc<AtomicBool>,
+        stop: &Arc<AtomicBool>,
+    ) -> (i32, std::thread::JoinHandle<()>) {
+        let tid = Arc::new(AtomicI32::new(0));
         let t = {
             let (tid, spin, stop) = (tid.clone(), spin.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -201,7 +484,33 @@ mod tests {
         while tid.load(Ordering::SeqCst) == 0 {
             std::thread::yield_now();
         }
-        let w = ThreadWatch::new(tid.load(Ordering::SeqCst));
+        (tid.load(Ordering::SeqCst), t)
+    }
+
+    #[test]
+    fn another_threads_cpu_clock_is_readable_and_never_goes_back() {
+        let (spin, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (tid, t) = spinner(&spin, &stop);
+        let w = ThreadWatch::new(tid);
+        let a = w.cpu_ns().expect("a thread CPU clock of this process");
+        let b = w.cpu_ns().unwrap();
+        assert!(b >= a, "the same clock, read later: {a} -> {b}");
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    #[test]
+    #[ignore = "host scheduler statistics: run by scripts/soak-host-sched.sh"]
+    fn another_threads_cpu_clock_grows_while_it_runs_and_not_while_it_sleeps() {
+        let (spin, stop) = (
+            Arc::new(AtomicBool::new(true)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (tid, t) = spinner(&spin, &stop);
+        let w = ThreadWatch::new(tid);
         let a = w.cpu_ns().expect("a thread CPU clock of this process");
         std::thread::sleep(std::time::Duration::from_millis(50));
         let b = w.cpu_ns().unwrap();
@@ -214,6 +523,77 @@ mod tests {
         let d = w.cpu_ns().unwrap();
         // Sleeping: a few wakeups' worth, far below the 100 ms.
         assert!(d - c < 20_000_000, "sleeping: {c} -> {d}");
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    /// The host CPUs the calling thread may run on.
+    fn allowed_cpus() -> Vec<usize> {
+        // SAFETY: all zeroes is a valid (empty) cpu_set_t.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the call writes at most `size_of_val(&set)` bytes to `set`.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: `c` is below CPU_SETSIZE, within `set`.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    /// Keep thread `tid` (0: the caller) on the host CPUs `cpus`.
+    fn pin(tid: i32, cpus: &[usize]) {
+        // SAFETY: all zeroes is a valid (empty) cpu_set_t.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in cpus {
+            // SAFETY: `cpu` comes from `allowed_cpus`, below CPU_SETSIZE.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: the call reads `size_of_val(&set)` bytes of `set`.
+        let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
+        assert_eq!(r, 0, "pin thread {tid} to CPUs {cpus:?}");
+    }
+
+    #[test]
+    #[ignore = "host scheduler statistics: run by scripts/soak-host-sched.sh"]
+    fn a_sleeping_thread_is_seen_off_the_cpus_and_a_spinning_one_on_them() {
+        // What `Vcpu::mark_descheduled_peers` and the sampler rely on: a
+        // thread's CPU clock stands still between two reads while it sleeps
+        // and moves while it runs.
+        let cpus = allowed_cpus();
+        let (spin, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (tid, t) = spinner(&spin, &stop);
+        let host = LinuxSched::new();
+        let w = ThreadWatch::clock_only(tid);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let asleep = (0..100)
+            .filter(|_| host.cpu_ns_and_running(&w).is_some_and(|(_, r)| !r))
+            .count();
+        // It wakes every 1 ms for a few microseconds.
+        assert!(asleep >= 90, "seen off the CPUs {asleep} of 100 times");
+        if cpus.len() >= 2 {
+            // Apart: sharing our CPU, it would be off it whenever we look
+            // (which is what a spinning vCPU counts on).
+            pin(tid, &cpus[..1]);
+            pin(0, &cpus[1..2]);
+            spin.store(true, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let running = (0..100)
+                .filter(|_| {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    host.cpu_ns_and_running(&w).is_some_and(|(_, r)| r)
+                })
+                .count();
+            // Over 100 ms its CPU runs it at some of our looks, however
+            // loaded.
+            pin(0, &cpus);
+            assert!(running > 0, "seen on a CPU {running} of 100 times");
+        } else {
+            eprintln!("one host CPU: a spinning thread is never seen running");
+        }
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
     }

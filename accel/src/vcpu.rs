@@ -461,7 +461,7 @@ impl Vcpu {
     pub fn run_begin(&self) {
         if self.tid.load(Ordering::Relaxed) == 0 {
             self.tid
-                .store(crate::host::current_tid(), Ordering::Relaxed);
+                .store(self.shared.sched().current_tid(), Ordering::Relaxed);
         }
         self.in_guest.store(true, Ordering::Release);
         self.local(|l| {
@@ -500,14 +500,14 @@ impl Vcpu {
         if !due {
             return;
         }
-        let mem = &*self.shared.host;
+        let (mem, sched) = (&*self.shared.host, self.shared.sched());
         self.shared.for_each_peer(|peer| {
             let tid = peer.tid.load(Ordering::Relaxed);
             if peer.index == self.index || tid == 0 || !peer.in_guest.load(Ordering::Acquire) {
                 return;
             }
-            let off_cpu = crate::host::ThreadWatch::clock_only(tid)
-                .cpu_ns_and_running()
+            let off_cpu = sched
+                .cpu_ns_and_running(&crate::host::ThreadWatch::clock_only(tid))
                 .is_some_and(|(_, running)| !running);
             if off_cpu
                 && peer.in_guest.load(Ordering::Acquire)
@@ -565,10 +565,11 @@ impl Vcpu {
             Some(v) if v.watch.tid() == tid => v,
             _ => view.insert(SamplerView::new(tid)),
         };
+        let sched = self.shared.sched();
         let in_guest = self.in_guest.load(Ordering::Acquire);
         let halts = self.halts.load(Ordering::Acquire);
         let now = if in_guest {
-            v.watch.cpu_ns_and_running()
+            sched.cpu_ns_and_running(&v.watch)
         } else {
             None
         };
@@ -581,9 +582,9 @@ impl Vcpu {
                 }
                 _ => false,
             }
-            && v.watch.runnable();
+            && sched.runnable(&v.watch);
         let rd = if fold && in_guest {
-            v.watch.run_delay_ns()
+            sched.run_delay_ns(&v.watch)
         } else {
             None
         };

@@ -2,11 +2,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use crate::error::AccelError;
+use crate::host::{HostSched, LinuxSched};
 use crate::memory::{Host, NoMemory};
 use crate::steal::Threading;
 use crate::vcpu::{Sampled, SamplerView, Vcpu};
@@ -121,7 +121,7 @@ impl VmConfig {
 }
 
 /// What every vCPU of a machine shares: guest memory, the threading model,
-/// the host clock's origin, and how many vCPUs are live.
+/// the host's clock and scheduler, and how many vCPUs are live.
 pub struct Shared {
     /// Guest RAM and interrupt delivery.
     pub host: Box<dyn Host + Send + Sync>,
@@ -129,7 +129,8 @@ pub struct Shared {
     pub mttcg: bool,
     /// `-icount`: steal counts VM time ([`Shared::steal_now_ns`]).
     pub icount: bool,
-    origin: Instant,
+    /// The host's clock and scheduler as the models read them.
+    sched: Arc<dyn HostSched>,
     live_vcpus: AtomicU32,
     /// x86: the guest TSC frequency in kHz, 0 until a vCPU set it.
     tsc_khz: AtomicU64,
@@ -157,13 +158,23 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// Shared state over `memory`.
+    /// Shared state over `memory`, on the real host.
     pub fn new(host: Box<dyn Host + Send + Sync>, mttcg: bool) -> Self {
+        Self::with_sched(host, mttcg, Arc::new(LinuxSched::new()))
+    }
+
+    /// Shared state over `memory`, observing the host through `sched`
+    /// (tests: a fake host).
+    pub fn with_sched(
+        host: Box<dyn Host + Send + Sync>,
+        mttcg: bool,
+        sched: Arc<dyn HostSched>,
+    ) -> Self {
         Shared {
             host,
             mttcg,
             icount: false,
-            origin: Instant::now(),
+            sched,
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
@@ -193,9 +204,14 @@ impl Shared {
         self.pmu_counters.load(Ordering::Relaxed) as u8
     }
 
+    /// The host's clock and scheduler.
+    pub fn sched(&self) -> &dyn HostSched {
+        &*self.sched
+    }
+
     /// Host monotonic time in ns since the machine was created (never 0).
     pub fn now_ns(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64 + 1
+        self.sched.now_ns() + 1
     }
 
     /// QEMU's virtual clock (ns of VM time).
@@ -221,7 +237,7 @@ impl Shared {
         if self.icount {
             0
         } else {
-            crate::host::thread_run_delay_ns()
+            self.sched.current_run_delay_ns()
         }
     }
 
@@ -267,7 +283,17 @@ impl Vm {
 
     /// A machine with no vCPUs over `memory`.
     pub fn with_memory(config: VmConfig, memory: Box<dyn Host + Send + Sync>) -> Self {
-        let mut shared = Shared::new(memory, config.mttcg);
+        Self::with_sched(config, memory, Arc::new(LinuxSched::new()))
+    }
+
+    /// A machine with no vCPUs over `memory`, observing the host through
+    /// `sched` (tests: a fake host).
+    pub fn with_sched(
+        config: VmConfig,
+        memory: Box<dyn Host + Send + Sync>,
+        sched: Arc<dyn HostSched>,
+    ) -> Self {
+        let mut shared = Shared::with_sched(memory, config.mttcg, sched);
         shared.icount = config.icount;
         shared
             .pmu_counters
@@ -341,7 +367,9 @@ impl Vm {
                 // slice ends (one host CPU for all: the hint would come late).
                 crate::host::request_short_slice(SAMPLER_SLICE_NS);
                 let mut last: Vec<Option<SamplerView>> = Vec::new();
-                let mut t0 = Instant::now();
+                let Some(mut t0) = weak.upgrade().map(|vm| vm.shared.now_ns()) else {
+                    return;
+                };
                 let mut nap = period;
                 let mut tick = 0u64;
                 // Ticks since a vCPU was last found kept off the host CPUs.
@@ -349,8 +377,9 @@ impl Vm {
                 loop {
                     std::thread::sleep(nap);
                     let Some(vm) = weak.upgrade() else { break };
-                    let interval = t0.elapsed().as_nanos() as u64;
-                    t0 = Instant::now();
+                    let now = vm.shared.now_ns();
+                    let interval = now.saturating_sub(t0);
+                    t0 = now;
                     tick += 1;
                     let fold = nap != period || tick % STEAL_FOLD_TICKS == 0;
                     let (mut watching, mut running) = (false, false);
@@ -405,6 +434,19 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::tests::{FakeSched, FakeThread};
+
+    /// Host threads of the vCPUs in the tests below.
+    const T0: i32 = 10;
+    /// See T0.
+    const T1: i32 = 11;
+    /// A host thread on a CPU, that has run 1 ms with 1 us of run delay.
+    const ON_CPU: FakeThread = FakeThread {
+        cpu_ns: 1_000_000,
+        running: true,
+        run_delay_ns: 1_000,
+        runnable: true,
+    };
 
     fn vm(n: u32) -> Vm {
         Vm::new(VmConfig::new(Arch::X86_64, n, false).unwrap())
@@ -513,17 +555,21 @@ mod tests {
         use crate::x86::steal::MSR_KVM_STEAL_TIME;
         const GPA: u64 = 0x1000;
         let clock = Arc::new(AtomicU64::new(1_000));
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
         let config = VmConfig {
             mttcg: false,
             icount: true,
             ..VmConfig::new(Arch::X86_64, 2, false).unwrap()
         };
-        let vm = Vm::with_memory(
+        let vm = Vm::with_sched(
             config,
             Box::new(crate::memory::tests::FakeRam::with_clock(
                 0x2000,
                 Arc::clone(&clock),
             )),
+            Arc::clone(&host) as Arc<dyn HostSched>,
         );
         let (v0, _v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
         let steal = || {
@@ -536,12 +582,16 @@ mod tests {
             crate::vcpu::Route::Handled(())
         );
         v0.run_begin();
+        // The host keeps the thread on a run queue for 3 ms of its turn ...
+        host.advance(5_000_000);
+        host.update(T0, |t| t.run_delay_ns += 3_000_000);
         clock.store(2_000, Ordering::SeqCst);
-        // Its turn ends runnable; vCPU 1 executes 500 ns of VM time while
-        // the host takes 20 ms.
+        // ... which ends runnable; vCPU 1 executes 500 ns of VM time while
+        // the host takes 20 ms, 7 ms of them with the thread on a run queue.
         v0.run_end(false);
         clock.store(2_500, Ordering::SeqCst);
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        host.advance(20_000_000);
+        host.update(T0, |t| t.run_delay_ns += 7_000_000);
         v0.run_begin();
         assert_eq!(steal(), 500, "VM time, whatever the host did");
         v0.run_end(true);
@@ -586,78 +636,256 @@ mod tests {
         assert_eq!(flags(B), 1);
     }
 
-    #[test]
-    fn a_spinning_vcpu_marks_a_peer_off_the_cpus_preempted_only_when_contended() {
-        use crate::x86::steal::MSR_KVM_STEAL_TIME;
-        const GPA: u64 = 0x1000;
-        const PREEMPTED: usize = GPA as usize + 16;
-        let vm = Arc::new(Vm::with_memory(
-            VmConfig::new(Arch::X86_64, 2, false).unwrap(),
+    /// `struct kvm_steal_time`'s guest address in the tests below, and
+    /// where its `preempted` byte is.
+    const ST_GPA: u64 = 0x1000;
+    /// See ST_GPA.
+    const ST_PREEMPTED: u64 = ST_GPA + 16;
+
+    /// A machine of `n` x86 vCPUs with 8 KiB of fake RAM on `host`.
+    fn vm_on(n: u32, host: &Arc<FakeSched>) -> Arc<Vm> {
+        Arc::new(Vm::with_sched(
+            VmConfig::new(Arch::X86_64, n, false).unwrap(),
             Box::new(crate::memory::tests::FakeRam::new(0x2000)),
-        ));
-        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
-        let byte = || {
-            let mut b = [0u8];
-            vm.shared.host.read(PREEMPTED as u64, &mut b);
-            b[0]
-        };
-        // QEMU's cpu_exit for vCPU 1: how often it was asked to leave.
+            Arc::clone(host) as Arc<dyn HostSched>,
+        ))
+    }
+
+    /// Counts `v`'s exit requests (QEMU's cpu_exit: how often it was asked
+    /// to leave guest code).
+    fn count_exits(v: &Vcpu) -> Arc<AtomicU64> {
         let exits = Arc::new(AtomicU64::new(0));
-        v1.set_exit_request(Some({
+        v.set_exit_request(Some({
             let exits = Arc::clone(&exits);
             crate::vcpu::ExitRequest::new(move || {
                 exits.fetch_add(1, Ordering::SeqCst);
             })
         }));
-        // vCPU 1 enables steal time, enters guest code on its own thread,
-        // and that thread sleeps: in guest code, off the CPUs.
-        let (go, done) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let t = {
-            let (v1, go, done) = (Arc::clone(&v1), Arc::clone(&go), Arc::clone(&done));
-            std::thread::spawn(move || {
-                assert_eq!(
-                    v1.wrmsr(MSR_KVM_STEAL_TIME, GPA | 1),
-                    crate::vcpu::Route::Handled(())
-                );
-                v1.run_begin();
-                go.store(true, Ordering::SeqCst);
-                while !done.load(Ordering::SeqCst) {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                v1.run_end(false);
-            })
+        exits
+    }
+
+    #[test]
+    fn a_spinning_vcpu_marks_a_peer_off_the_cpus_preempted_only_when_contended() {
+        use crate::vcpu::PEER_LOOK_NS;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        // vCPU 0 runs on host thread T0, vCPU 1 on T1; this test's thread
+        // acts as each in turn.
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.set(T1, ON_CPU);
+        let vm = vm_on(2, &host);
+        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        let byte = || {
+            let mut b = [0u8];
+            vm.shared.host.read(ST_PREEMPTED, &mut b);
+            b[0]
         };
-        while !go.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        let exits = count_exits(&v1);
+        let exits = || exits.load(Ordering::SeqCst);
+        // vCPU 1 enables steal time and enters guest code, and the host
+        // takes its thread off the CPUs: in guest code, off the CPUs.
+        host.call_as(T1);
+        assert_eq!(
+            v1.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v1.run_begin();
+        host.update(T1, |t| t.running = false);
         // The host not known to be overcommitted: nobody looks.
+        host.call_as(T0);
         v0.run_begin();
         v0.run_end(false);
         assert_eq!(byte(), 0);
+        assert_eq!(host.clock_reads(), 0, "no thread's clock read");
         // Overcommitted: vCPU 0's next entry finds vCPU 1 off the CPUs.
         vm.shared.contended.store(true, Ordering::Relaxed);
-        std::thread::sleep(std::time::Duration::from_micros(
-            crate::vcpu::PEER_LOOK_NS / 1000 + 1,
-        ));
+        host.advance(PEER_LOOK_NS);
         v0.run_begin();
         assert_eq!(byte(), 1, "marked preempted");
-        assert_eq!(exits.load(Ordering::SeqCst), 1, "and asked to leave");
+        assert_eq!(exits(), 1, "and asked to leave");
+        assert_eq!(host.clock_reads(), 1, "vCPU 1's clock only, not its own");
         v0.run_end(false);
-        done.store(true, Ordering::SeqCst);
-        t.join().unwrap();
-        // Out of guest code (here: a voluntary stop) it is never marked; its
-        // own next entry clears the flag.
+        // vCPU 1's thread gets a CPU back: its entry clears the flag.
+        host.update(T1, |t| t.running = true);
+        host.call_as(T1);
+        v1.run_end(false);
         v1.run_begin();
         assert_eq!(byte(), 0, "cleared at its entry");
+        // Off the CPUs again, but vCPU 0 looked less than PEER_LOOK_NS ago.
+        host.update(T1, |t| t.running = false);
+        host.call_as(T0);
+        host.advance(PEER_LOOK_NS - 1);
+        v0.run_begin();
+        v0.run_end(false);
+        assert_eq!((byte(), exits(), host.clock_reads()), (0, 1, 1), "no look");
+        host.advance(1);
+        v0.run_begin();
+        v0.run_end(false);
+        assert_eq!((byte(), exits()), (1, 2), "looked: marked again");
+        // On a CPU when vCPU 0 looks: not marked.
+        host.call_as(T1);
+        v1.run_end(false);
+        v1.run_begin();
+        assert_eq!(byte(), 0);
+        host.update(T1, |t| t.running = true);
+        host.call_as(T0);
+        host.advance(PEER_LOOK_NS);
+        v0.run_begin();
+        v0.run_end(false);
+        assert_eq!((byte(), exits(), host.clock_reads()), (0, 2, 3), "running");
+        // Out of guest code (here: a voluntary stop) it is never marked,
+        // though its thread is off the CPUs.
+        host.call_as(T1);
         v1.run_end(true);
-        std::thread::sleep(std::time::Duration::from_micros(
-            crate::vcpu::PEER_LOOK_NS / 1000 + 1,
-        ));
+        host.update(T1, |t| t.running = false);
+        host.call_as(T0);
+        host.advance(PEER_LOOK_NS);
         v0.run_begin();
         assert_eq!(byte(), 0, "a halted vCPU is not preempted");
-        assert_eq!(exits.load(Ordering::SeqCst), 1);
+        assert_eq!(exits(), 2);
+        v0.run_end(false);
+        // Nor is one that leaves guest code while vCPU 0 reads its clock.
+        host.call_as(T1);
+        v1.run_begin();
+        host.call_as(T0);
+        host.on_clock_read({
+            let v1 = Arc::clone(&v1);
+            Box::new(move || v1.run_end(true))
+        });
+        host.advance(PEER_LOOK_NS);
+        v0.run_begin();
+        assert_eq!((byte(), exits()), (0, 2), "left guest code meanwhile");
+        v0.run_end(false);
+        // Nor is a peer whose thread cannot be read (it exited, say).
+        host.call_as(T1);
+        v1.run_begin();
+        host.forget(T1);
+        host.call_as(T0);
+        host.advance(PEER_LOOK_NS);
+        v0.run_begin();
+        assert_eq!(
+            (byte(), exits()),
+            (0, 2),
+            "unreadable: not known off the CPUs"
+        );
+        v0.run_end(false);
+        // Under round-robin TCG no vCPU looks (the exit marks instead).
+        let rr = Vm::with_sched(
+            VmConfig {
+                mttcg: false,
+                ..VmConfig::new(Arch::X86_64, 2, false).unwrap()
+            },
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
+            Arc::clone(&host) as Arc<dyn HostSched>,
+        );
+        rr.shared.contended.store(true, Ordering::Relaxed);
+        let (r0, r1) = (rr.create_vcpu(0).unwrap(), rr.create_vcpu(1).unwrap());
+        host.set(
+            T1,
+            FakeThread {
+                running: false,
+                ..ON_CPU
+            },
+        );
+        host.call_as(T1);
+        assert_eq!(
+            r1.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        r1.run_begin();
+        host.call_as(T0);
+        let reads = host.clock_reads();
+        host.advance(PEER_LOOK_NS);
+        r0.run_begin();
+        assert_eq!(host.clock_reads(), reads, "round-robin: no look");
+    }
+
+    #[test]
+    fn the_sampler_marks_a_vcpu_kept_off_the_cpus_and_folds_its_run_delay() {
+        use crate::vcpu::Sampled;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const MS: u64 = 1_000_000;
+        let host = FakeSched::at(MS);
+        host.set(
+            T0,
+            FakeThread {
+                run_delay_ns: 2 * MS,
+                ..ON_CPU
+            },
+        );
+        host.call_as(T0);
+        let vm = vm_on(1, &host);
+        let v0 = vm.create_vcpu(0).unwrap();
+        let read = |gpa: u64, b: &mut [u8]| assert!(vm.shared.host.read(gpa, b));
+        let byte = || {
+            let mut b = [0u8];
+            read(ST_PREEMPTED, &mut b);
+            b[0]
+        };
+        let steal = || {
+            let mut b = [0u8; 8];
+            read(ST_GPA, &mut b);
+            u64::from_le_bytes(b)
+        };
+        let exits = count_exits(&v0);
+        let exits = || exits.load(Ordering::SeqCst);
+        let mut view = None;
+        // A tick every 1 ms of host time; `fold` reads the run delay.
+        let mut tick = |fold: bool| {
+            host.advance(MS);
+            v0.sample(&mut view, MS, fold)
+        };
+        assert_eq!(tick(true), Sampled::Unwatched, "steal time off");
+        assert_eq!(
+            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        assert_eq!(tick(true), Sampled::Unwatched, "never ran");
+        v0.run_begin();
+        assert_eq!(tick(false), Sampled::Running, "nothing to compare with yet");
+        // Ran 0.99 ms of the 1 ms and off the CPU now (displaced by the
+        // sampler itself): not preempted.
+        host.update(T0, |t| {
+            t.cpu_ns += 990_000;
+            t.running = false;
+        });
+        assert_eq!(tick(false), Sampled::Running);
+        assert_eq!((byte(), exits()), (0, 0));
+        // Ran 0.5 ms of 1 ms, off the CPUs and on a run queue: preempted,
+        // and asked to leave guest code.
+        host.update(T0, |t| t.cpu_ns += 500_000);
+        assert_eq!(tick(false), Sampled::Contended);
+        assert_eq!((byte(), exits()), (1, 1));
+        // Off the CPUs but asleep (on QEMU's lock, say): not a run-queue
+        // wait, not preempted; the flag is cleared.
+        host.update(T0, |t| t.runnable = false);
+        assert_eq!(tick(false), Sampled::Running);
+        assert_eq!((byte(), exits()), (0, 1));
+        host.update(T0, |t| t.runnable = true);
+        assert_eq!(tick(false), Sampled::Contended);
+        assert_eq!((byte(), exits()), (1, 2));
+        // Back on a CPU: cleared; a folding tick adds the run delay's
+        // growth since the entry as steal, without an entry.
+        assert_eq!(steal(), 0);
+        host.update(T0, |t| {
+            t.cpu_ns += MS;
+            t.running = true;
+            t.run_delay_ns += 700_000;
+        });
+        assert_eq!(tick(true), Sampled::Running);
+        assert_eq!((byte(), steal()), (0, 700_000));
+        // A halt between two ticks explains a thread that got little CPU.
+        v0.run_end(true);
+        v0.run_begin();
+        host.update(T0, |t| t.running = false);
+        assert_eq!(tick(false), Sampled::Running);
+        assert_eq!((byte(), exits()), (0, 2));
+        assert_eq!(tick(false), Sampled::Contended, "no halt this time");
+        // Out of guest code: idle, and no clock read.
+        v0.run_end(true);
+        let reads = host.clock_reads();
+        assert_eq!(tick(true), Sampled::Idle);
+        assert_eq!(host.clock_reads(), reads);
+        assert_eq!(steal(), 700_000);
     }
 }
