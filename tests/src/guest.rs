@@ -28,18 +28,111 @@
 //! ```text
 //! //! rustkvm-kvm-pvm-skip: guest writes to IA32_TSC do not move the TSC
 //! ```
+//!
+//! What the guest is expected to do is declared, not inferred from what it
+//! does: a run whose outcome differs from the declaration fails.
+//!
+//! ```text
+//! //! rustkvm-expect: tcg=skip rustkvm/icount=pass
+//! //! rustkvm-expect-skip: tcg/icount pv-time,kvm-signature
+//! ```
+//!
+//! - `rustkvm-expect: SELECTOR=pass|skip ...`: the whole guest's outcome on
+//!   the configurations SELECTOR names; PASS where nothing is declared. Of
+//!   the items that match a configuration, the last one wins.
+//! - `rustkvm-expect-skip: SELECTOR CHECK[,CHECK...]`: checks (the names of
+//!   `skip NAME: why` lines) that may be skipped inside a passing guest on
+//!   those configurations; any other skipped check fails the run. A guest
+//!   declared to SKIP may skip any check.
+//! - SELECTOR is `[ARCH:]BACKEND[/VARIANT]`, where BACKEND may be `*`
+//!   (every backend), e.g. `tcg`, `aarch64:tcg`, `*/icount`, `kvm`.
+//!
+//! A `kvm` run the runner SKIPs before booting — a host limit it detected
+//! (`kvm_skip` in `run.rs`) — is not the guest's outcome and needs no
+//! declaration.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::qemu::Arch;
+use crate::qemu::{Arch, Backend, Variant};
 use crate::HarnessError;
 
 /// Marker that starts a metadata line.
 const MARKER: &str = "//! rustkvm-test:";
 /// Marker of the kvm_pvm SKIP reason line.
 const PVM_SKIP_MARKER: &str = "//! rustkvm-kvm-pvm-skip:";
+/// Marker of a line declaring the guest's outcome per configuration.
+const EXPECT_MARKER: &str = "//! rustkvm-expect:";
+/// Marker of a line declaring checks a passing guest may skip.
+const EXPECT_SKIP_MARKER: &str = "//! rustkvm-expect-skip:";
+
+/// A guest's outcome as declared for a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// Every check runs and passes (skips only where declared).
+    Pass,
+    /// The guest does not apply there and says so (exit status 2).
+    Skip,
+}
+
+impl Expected {
+    /// `PASS` / `SKIP`, as the runner's verdicts are written.
+    pub fn label(self) -> &'static str {
+        match self {
+            Expected::Pass => "PASS",
+            Expected::Skip => "SKIP",
+        }
+    }
+}
+
+/// Which configurations a declaration is about: `[ARCH:]BACKEND[/VARIANT]`,
+/// None standing for "any".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selector {
+    /// Only this architecture.
+    pub arch: Option<Arch>,
+    /// Only this backend.
+    pub backend: Option<Backend>,
+    /// Only this variant.
+    pub variant: Option<Variant>,
+}
+
+impl Selector {
+    /// Parse `[ARCH:]BACKEND[/VARIANT]` (`*` for any backend).
+    pub fn parse(text: &str) -> Result<Selector, String> {
+        let (arch, rest) = match text.split_once(':') {
+            Some((a, rest)) => (
+                Some(Arch::from_name(a).ok_or_else(|| format!("unknown arch '{a}'"))?),
+                rest,
+            ),
+            None => (None, text),
+        };
+        let (backend, variant) = match rest.split_once('/') {
+            Some((b, v)) => (
+                b,
+                Some(Variant::from_name(v).ok_or_else(|| format!("unknown variant '{v}'"))?),
+            ),
+            None => (rest, None),
+        };
+        let backend = match backend {
+            "*" => None,
+            b => Some(Backend::from_name(b).ok_or_else(|| format!("unknown backend '{b}'"))?),
+        };
+        Ok(Selector {
+            arch,
+            backend,
+            variant,
+        })
+    }
+
+    /// Whether it names this configuration.
+    pub fn matches(&self, arch: Arch, backend: Backend, variant: Variant) -> bool {
+        self.arch.is_none_or(|a| a == arch)
+            && self.backend.is_none_or(|b| b == backend)
+            && self.variant.is_none_or(|v| v == variant)
+    }
+}
 
 /// One guest test: a bundled guest program and how to run it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +159,10 @@ pub struct GuestTest {
     pub needs: Vec<String>,
     /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
     pub kvm_pvm_skip: Option<String>,
+    /// Declared outcomes (`rustkvm-expect`), in file order.
+    pub expect: Vec<(Selector, Expected)>,
+    /// Declared skippable checks (`rustkvm-expect-skip`), in file order.
+    pub expect_skip: Vec<(Selector, Vec<String>)>,
 }
 
 impl GuestTest {
@@ -87,11 +184,42 @@ impl GuestTest {
             matrix: true,
             needs: Vec::new(),
             kvm_pvm_skip: None,
+            expect: Vec::new(),
+            expect_skip: Vec::new(),
         };
         let mut seen = false;
         for line in text.lines() {
             if let Some(why) = line.trim().strip_prefix(PVM_SKIP_MARKER) {
                 test.kvm_pvm_skip = Some(why.trim().to_string());
+                continue;
+            }
+            if let Some(rest) = line.trim().strip_prefix(EXPECT_SKIP_MARKER) {
+                let mut words = rest.split_whitespace();
+                let (Some(sel), Some(checks), None) = (words.next(), words.next(), words.next())
+                else {
+                    return Err(bad(format!(
+                        "'{}' is not 'SELECTOR CHECK[,CHECK...]'",
+                        rest.trim()
+                    )));
+                };
+                let sel = Selector::parse(sel).map_err(&bad)?;
+                test.expect_skip
+                    .push((sel, checks.split(',').map(str::to_string).collect()));
+                continue;
+            }
+            if let Some(rest) = line.trim().strip_prefix(EXPECT_MARKER) {
+                for item in rest.split_whitespace() {
+                    let (sel, outcome) = item
+                        .split_once('=')
+                        .ok_or_else(|| bad(format!("'{item}' is not SELECTOR=pass|skip")))?;
+                    let outcome = match outcome {
+                        "pass" => Expected::Pass,
+                        "skip" => Expected::Skip,
+                        o => return Err(bad(format!("{sel}={o}: expected pass or skip"))),
+                    };
+                    test.expect
+                        .push((Selector::parse(sel).map_err(&bad)?, outcome));
+                }
                 continue;
             }
             let Some(rest) = line.trim().strip_prefix(MARKER) else {
@@ -160,6 +288,22 @@ impl GuestTest {
             return Err(bad("no arch=".to_string()));
         }
         Ok(test)
+    }
+
+    /// The declared outcome on a configuration (PASS unless declared).
+    pub fn expected(&self, arch: Arch, backend: Backend, variant: Variant) -> Expected {
+        self.expect
+            .iter()
+            .rev()
+            .find(|(s, _)| s.matches(arch, backend, variant))
+            .map_or(Expected::Pass, |(_, e)| *e)
+    }
+
+    /// Whether check `name` is declared skippable on a configuration.
+    pub fn may_skip(&self, name: &str, arch: Arch, backend: Backend, variant: Variant) -> bool {
+        self.expect_skip.iter().any(|(s, checks)| {
+            s.matches(arch, backend, variant) && checks.iter().any(|c| c == name)
+        })
     }
 
     /// The built guest binary for `arch`.
@@ -251,6 +395,13 @@ mod tests {
             "//! rustkvm-test: arch",
             "//! rustkvm-test: arch=x86_64 compare=maybe",
             "//! rustkvm-test: arch=x86_64 needs=gpu",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: tcg=maybe",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: tcg",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: xen=skip",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: tcg/fast=skip",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: riscv64:tcg=skip",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect-skip: tcg",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect-skip: tcg a b",
         ] {
             let err = GuestTest::parse("g", text).unwrap_err();
             assert!(
@@ -258,6 +409,46 @@ mod tests {
                 "{text}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn declarations_select_configurations() {
+        let t = GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64,aarch64\n\
+             //! rustkvm-expect: *=skip rustkvm=pass x86_64:rustkvm/icount=skip\n\
+             //! rustkvm-expect-skip: */rr-smp2 a,b\n",
+        )
+        .unwrap();
+        let (x, a) = (Arch::X86_64, Arch::Aarch64);
+        assert_eq!(
+            t.expected(x, Backend::Tcg, Variant::Default),
+            Expected::Skip
+        );
+        assert_eq!(
+            t.expected(x, Backend::Kvm, Variant::Default),
+            Expected::Skip
+        );
+        assert_eq!(
+            t.expected(x, Backend::Rustkvm, Variant::Default),
+            Expected::Pass
+        );
+        assert_eq!(
+            t.expected(x, Backend::Rustkvm, Variant::Icount),
+            Expected::Skip
+        );
+        assert_eq!(
+            t.expected(a, Backend::Rustkvm, Variant::Icount),
+            Expected::Pass
+        );
+        assert!(t.may_skip("b", a, Backend::Tcg, Variant::RrSmp2));
+        assert!(!t.may_skip("b", a, Backend::Tcg, Variant::Default));
+        assert!(!t.may_skip("c", a, Backend::Tcg, Variant::RrSmp2));
+        let plain = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64").unwrap();
+        assert_eq!(
+            plain.expected(x, Backend::Tcg, Variant::Icount),
+            Expected::Pass
+        );
     }
 
     #[test]

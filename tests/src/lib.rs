@@ -53,6 +53,40 @@ pub enum HarnessError {
     Usage(String),
 }
 
+/// Environment variable naming the verdict log: when set, every run the
+/// runners judge appends one line `PASS|FAIL|SKIP<TAB>label<TAB>reason`, so
+/// `scripts/test.sh` can count passes, failures and skips from the runners'
+/// own verdicts (a cargo test that only saw SKIPs still "passes").
+pub const VERDICT_LOG_ENV: &str = "RUSTKVM_VERDICT_LOG";
+
+/// Append one run's verdict to the verdict log, if one is named.
+pub fn record_verdict(label: &str, status: &Status) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(VERDICT_LOG_ENV) else {
+        return;
+    };
+    let (word, why) = match status {
+        Status::Pass => ("PASS", ""),
+        Status::Fail(w) => ("FAIL", w.as_str()),
+        Status::Skip(w) => ("SKIP", w.as_str()),
+    };
+    let flat = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+    let line = format!("{word}\t{}\t{}\n", flat(label), flat(why));
+    // One write of one short line to an O_APPEND file: lines from parallel
+    // tests do not interleave.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!(
+            "cannot append to the verdict log {}: {e}",
+            path.to_string_lossy()
+        );
+    }
+}
+
 /// The repository root (this crate lives in `tests/`).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -245,12 +245,20 @@ fn unix_now() -> f64 {
 /// Boot `config` and collect what the probe reports.
 pub fn run(config: Config, timeout: Duration) -> LinuxRun {
     let start = Instant::now();
-    let done = |outcome, console: String, offset| LinuxRun {
-        config,
-        outcome,
-        wallclock_offset_s: offset,
-        elapsed: start.elapsed(),
-        console,
+    let done = |outcome: Outcome, console: String, offset| {
+        let status = match &outcome {
+            Outcome::Ok(_) => crate::Status::Pass,
+            Outcome::Skip(why) => crate::Status::Skip(why.clone()),
+            Outcome::Error(why) => crate::Status::Fail(why.lines().next().unwrap_or("").into()),
+        };
+        crate::record_verdict(&format!("linux {}", config.label()), &status);
+        LinuxRun {
+            config,
+            outcome,
+            wallclock_offset_s: offset,
+            elapsed: start.elapsed(),
+            console,
+        }
     };
     if config.backend == Backend::Kvm {
         if let Some(why) = host::kvm_unavailable(config.arch) {
@@ -346,13 +354,15 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
                 }
             );
             match (config.backend, kvm_error) {
-                // kvm on this host is a platform limit, reported, never a failure.
-                (Backend::Kvm, Some(e)) => {
-                    Outcome::Skip(format!("Linux does not boot under this host's KVM: {e}"))
-                }
-                (Backend::Kvm, None) => Outcome::Skip(format!(
-                    "Linux did not reach the probe under this host's KVM: {detail}"
+                // kvm_pvm's recognised failure: a platform limit, reported
+                // with its signature, never a failure.
+                (Backend::Kvm, Some(e)) if host::kvm_is_pvm() => Outcome::Skip(format!(
+                    "kvm_pvm: Linux does not boot under this host's KVM: {e}"
                 )),
+                // Anything else — a timeout, a crash, a refusal to start —
+                // is a failure on kvm as everywhere: only a host limit
+                // detected before the boot, or the recognised kvm_pvm
+                // signature above, is a SKIP.
                 _ => Outcome::Error(detail),
             }
         }

@@ -166,8 +166,18 @@ pub fn table(results: &[RunResult]) -> String {
                     && r.variant == row.variant
             })
             .map(|r| {
+                let skipped: Vec<&str> = r
+                    .outcome
+                    .skipped_checks
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                let inner = match (&r.outcome.status, skipped.is_empty()) {
+                    (Status::Pass, false) => format!("[skipped {}]", skipped.join(",")),
+                    _ => String::new(),
+                };
                 format!(
-                    "{} {:.1}s",
+                    "{}{inner} {:.1}s",
                     r.outcome.status.label(),
                     r.outcome.elapsed.as_secs_f64()
                 )
@@ -220,6 +230,20 @@ pub fn tap(results: &[RunResult]) -> String {
     for (i, r) in results.iter().enumerate() {
         let name = format!("{}/{}/{}/{}", r.test, r.arch, r.variant, r.backend);
         let _ = match &r.outcome.status {
+            Status::Pass if !r.outcome.skipped_checks.is_empty() => {
+                let skipped: Vec<String> = r
+                    .outcome
+                    .skipped_checks
+                    .iter()
+                    .map(|(n, w)| format!("{n} ({w})"))
+                    .collect();
+                writeln!(
+                    out,
+                    "ok {} - {name}\n# declared skipped checks: {}",
+                    i + 1,
+                    skipped.join("; ")
+                )
+            }
             Status::Pass => writeln!(out, "ok {} - {name}", i + 1),
             Status::Fail(why) => writeln!(out, "not ok {} - {name} # {why}", i + 1),
             Status::Skip(why) => writeln!(out, "ok {} - {name} # SKIP {why}", i + 1),
@@ -247,6 +271,8 @@ mod tests {
             matrix: true,
             needs: Vec::new(),
             kvm_pvm_skip: None,
+            expect: Vec::new(),
+            expect_skip: Vec::new(),
         }
     }
 
@@ -304,8 +330,16 @@ mod tests {
     #[test]
     fn table_and_tap_show_every_result() {
         let rs = [
-            result(Backend::Tcg, "ok x\n", 0),
-            result(Backend::Rustkvm, "skip x: why\n", 2),
+            result(
+                Backend::Tcg,
+                "ok x\nsummary checks=1 passed=1 failed=0 skipped=0\n",
+                0,
+            ),
+            result(
+                Backend::Rustkvm,
+                "skip x: why\nsummary checks=1 passed=0 failed=0 skipped=1\n",
+                2,
+            ),
         ];
         let tbl = table(&rs);
         assert!(tbl.contains("a/aarch64/default"), "{tbl}");

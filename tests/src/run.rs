@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::guest::GuestTest;
+use crate::guest::{Expected, GuestTest};
 use crate::host;
 use crate::qemu::{self, Arch, Backend, Variant};
 use crate::HarnessError;
@@ -53,6 +53,8 @@ pub struct Outcome {
     pub lines: Vec<String>,
     /// `measure` lines as (key, value).
     pub measures: Vec<(String, String)>,
+    /// Checks the guest skipped, as (name, why), in order.
+    pub skipped_checks: Vec<(String, String)>,
     /// rustkvm's `stats=on` counters summed over vCPUs (empty on tcg).
     pub routes: BTreeMap<String, u64>,
     /// Everything the guest printed.
@@ -156,6 +158,18 @@ pub struct RunOptions {
     pub pin_cpu: Option<usize>,
 }
 
+impl RunOptions {
+    /// Whether these are the defaults: the run is then one of the matrix's
+    /// configurations, which the guest's declarations describe. A run with
+    /// other options is judged by the host test that asks for it.
+    pub fn is_plain(&self) -> bool {
+        self.timeout.is_none()
+            && self.accel_opts.is_empty()
+            && self.qemu_args.is_empty()
+            && self.pin_cpu.is_none()
+    }
+}
+
 /// Boot `test` on `arch`/`variant`/`backend` and judge the result.
 pub fn run(
     test: &GuestTest,
@@ -176,6 +190,10 @@ pub fn run_with(
 ) -> Result<RunResult, HarnessError> {
     if backend == Backend::Kvm {
         if let Some(why) = kvm_skip(test, arch) {
+            crate::record_verdict(
+                &format!("guest {}/{arch}/{variant}/{backend}", test.name),
+                &Status::Skip(why.clone()),
+            );
             return Ok(RunResult {
                 test: test.name.clone(),
                 arch,
@@ -251,6 +269,16 @@ pub fn run_with(
         stderr,
         start.elapsed(),
     );
+    let outcome = if opts.is_plain() {
+        let outcome = hold_to_declaration(test, arch, variant, backend, outcome);
+        crate::record_verdict(
+            &format!("guest {}/{arch}/{variant}/{backend}", test.name),
+            &outcome.status,
+        );
+        outcome
+    } else {
+        outcome
+    };
     Ok(RunResult {
         test: test.name.clone(),
         arch,
@@ -285,6 +313,7 @@ impl Outcome {
             status: Status::Skip(why),
             lines: Vec::new(),
             measures: Vec::new(),
+            skipped_checks: Vec::new(),
             routes: BTreeMap::new(),
             serial: String::new(),
             stderr: String::new(),
@@ -293,7 +322,55 @@ impl Outcome {
     }
 }
 
-/// Turn QEMU's exit and the guest's output into an [`Outcome`].
+/// The guest's closing line (`summary checks=N passed=P failed=F
+/// skipped=S`), parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// Checks run.
+    pub checks: u32,
+    /// Passed.
+    pub passed: u32,
+    /// Failed.
+    pub failed: u32,
+    /// Skipped.
+    pub skipped: u32,
+}
+
+impl Summary {
+    /// Parse a `summary ...` line's fields (None if any is missing or bad).
+    pub fn parse(rest: &str) -> Option<Summary> {
+        let mut s = Summary::default();
+        let mut seen = 0u8;
+        for kv in rest.split_whitespace() {
+            let (k, v) = kv.split_once('=')?;
+            let v: u32 = v.parse().ok()?;
+            let (field, bit) = match k {
+                "checks" => (&mut s.checks, 1),
+                "passed" => (&mut s.passed, 2),
+                "failed" => (&mut s.failed, 4),
+                "skipped" => (&mut s.skipped, 8),
+                _ => return None,
+            };
+            *field = v;
+            seen |= bit;
+        }
+        (seen == 15).then_some(s)
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "checks={} passed={} failed={} skipped={}",
+            self.checks, self.passed, self.failed, self.skipped
+        )
+    }
+}
+
+/// Turn QEMU's exit and the guest's output into an [`Outcome`]. A guest
+/// passes (or skips) only by saying so: its exit status, its closing
+/// `summary` line and the `ok`/`not ok`/`skip` lines seen must all agree.
 pub fn judge(
     arch: Arch,
     code: Option<i32>,
@@ -306,32 +383,69 @@ pub fn judge(
     let mut lines = Vec::new();
     let mut measures = Vec::new();
     let mut first_failure = None;
-    let mut first_skip = None;
+    let mut skipped_checks = Vec::new();
+    let mut seen = Summary::default();
+    let mut summary = None;
+    let mut after_summary = false;
     for line in serial.lines().map(|l| l.trim_end_matches('\r')) {
+        if let Some(rest) = line.strip_prefix("summary ") {
+            summary = Some(Summary::parse(rest).ok_or_else(|| line.to_string()));
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("measure ") {
             let (k, v) = rest.split_once(' ').unwrap_or((rest, ""));
             measures.push((k.to_string(), v.to_string()));
         } else if let Some(rest) = line.strip_prefix("not ok ") {
+            seen.failed += 1;
             first_failure.get_or_insert_with(|| rest.to_string());
         } else if let Some(rest) = line.strip_prefix("skip ") {
-            first_skip.get_or_insert_with(|| rest.to_string());
-        } else if !line.starts_with("ok ") {
+            seen.skipped += 1;
+            let (name, why) = rest.split_once(": ").unwrap_or((rest, ""));
+            skipped_checks.push((name.to_string(), why.to_string()));
+        } else if line.starts_with("ok ") {
+            seen.passed += 1;
+        } else {
             continue;
         }
+        after_summary |= summary.is_some();
         lines.push(line.to_string());
     }
+    seen.checks = seen.passed + seen.failed + seen.skipped;
     let guest = code.and_then(|c| arch.guest_status(c));
+    let first_skip = || {
+        skipped_checks
+            .first()
+            .map(|(n, w)| format!("{n}: {w}"))
+            .unwrap_or_else(|| "guest skipped".to_string())
+    };
     let status = if timed_out {
         Status::Fail(format!("timeout after {}s", timeout.as_secs()))
     } else {
         match guest {
-            Some(GUEST_PASS) if first_failure.is_none() => Status::Pass,
-            Some(GUEST_PASS | GUEST_FAIL) => Status::Fail(
-                first_failure.unwrap_or_else(|| "guest exited with status 1".to_string()),
-            ),
-            Some(GUEST_SKIP) => {
-                Status::Skip(first_skip.unwrap_or_else(|| "guest skipped".to_string()))
+            Some(GUEST_PASS | GUEST_FAIL) if first_failure.is_some() => {
+                Status::Fail(first_failure.unwrap_or_default())
             }
+            Some(GUEST_FAIL) => Status::Fail("guest exited with status 1".to_string()),
+            Some(s @ (GUEST_PASS | GUEST_SKIP)) => match summary {
+                None => Status::Fail(format!(
+                    "guest exited with status {s} without its closing summary line"
+                )),
+                Some(Err(line)) => Status::Fail(format!("malformed summary line '{line}'")),
+                Some(Ok(_)) if after_summary => {
+                    Status::Fail("protocol lines after the closing summary".to_string())
+                }
+                Some(Ok(sum)) if sum != seen => Status::Fail(format!(
+                    "the guest's summary says {sum}, the runner saw {seen}"
+                )),
+                Some(Ok(sum)) if s == GUEST_PASS && sum.passed == 0 => {
+                    Status::Fail("guest exited 0 but no check passed".to_string())
+                }
+                Some(Ok(sum)) if s == GUEST_SKIP && (sum.passed > 0 || sum.skipped == 0) => {
+                    Status::Fail(format!("guest exited SKIP but its summary says {sum}"))
+                }
+                Some(Ok(_)) if s == GUEST_SKIP => Status::Skip(first_skip()),
+                Some(Ok(_)) => Status::Pass,
+            },
             Some(s) if s >= GUEST_EXCEPTION_BASE => Status::Fail(format!(
                 "unexpected exception {:#x}",
                 s - GUEST_EXCEPTION_BASE
@@ -355,11 +469,47 @@ pub fn judge(
         status,
         lines,
         measures,
+        skipped_checks,
         routes: parse_routes(&stderr),
         serial,
         stderr,
         elapsed,
     }
+}
+
+/// Hold a judged run against what `test` declares for its configuration
+/// (`rustkvm-expect`, `rustkvm-expect-skip`): a SKIP where PASS is declared,
+/// a PASS where SKIP is declared, or a check skipped inside a passing guest
+/// that is not declared, fails the run. Failures stay failures.
+pub fn hold_to_declaration(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    backend: Backend,
+    mut outcome: Outcome,
+) -> Outcome {
+    let expected = test.expected(arch, backend, variant);
+    let verdict = match (&outcome.status, expected) {
+        (Status::Fail(_), _) => None,
+        (Status::Skip(why), Expected::Pass) => {
+            Some(format!("declared PASS here, the guest SKIPped ({why})"))
+        }
+        (Status::Pass, Expected::Skip) => Some(
+            "declared SKIP here, the guest PASSed (update its rustkvm-expect line)".to_string(),
+        ),
+        (Status::Skip(_), Expected::Skip) => None,
+        (Status::Pass, Expected::Pass) => outcome
+            .skipped_checks
+            .iter()
+            .find(|(name, _)| !test.may_skip(name, arch, backend, variant))
+            .map(|(name, why)| {
+                format!("check {name} skipped ({why}), not declared in rustkvm-expect-skip")
+            }),
+    };
+    if let Some(why) = verdict {
+        outcome.status = Status::Fail(why);
+    }
+    outcome
 }
 
 /// Sum rustkvm's `stats=on` lines (`rustkvm: ARCH vcpu N: key=value ...`).
@@ -402,7 +552,9 @@ mod tests {
 
     #[test]
     fn verdicts() {
-        assert_eq!(j(Arch::X86_64, Some(1), "ok a\n").status, Status::Pass);
+        let pass = "ok a\nsummary checks=1 passed=1 failed=0 skipped=0\n";
+        assert_eq!(j(Arch::X86_64, Some(1), pass).status, Status::Pass);
+        assert_eq!(j(Arch::Aarch64, Some(0), pass).status, Status::Pass);
         assert_eq!(
             j(Arch::X86_64, Some(3), "ok a\nnot ok b: why\n").status,
             Status::Fail("b: why".into())
@@ -413,7 +565,12 @@ mod tests {
             "a failed check fails the run even if the guest exits 0"
         );
         assert_eq!(
-            j(Arch::Aarch64, Some(2), "skip x: no pmu\n").status,
+            j(
+                Arch::Aarch64,
+                Some(2),
+                "skip x: no pmu\nsummary checks=1 passed=0 failed=0 skipped=1\n"
+            )
+            .status,
             Status::Skip("x: no pmu".into())
         );
         assert_eq!(
@@ -436,11 +593,117 @@ mod tests {
     }
 
     #[test]
+    fn exiting_zero_is_not_passing_without_an_agreeing_summary() {
+        let fail = |arch, code, serial: &str| match j(arch, Some(code), serial).status {
+            Status::Fail(why) => why,
+            other => panic!("{serial:?}: {other:?}"),
+        };
+        // A clean PSCI SYSTEM_OFF (aarch64 status 0) with no summary.
+        assert!(fail(Arch::Aarch64, 0, "ok a\n").contains("without its closing summary"));
+        assert!(fail(Arch::X86_64, 5, "skip a: b\n").contains("without its closing summary"));
+        // The summary disagrees with the lines seen (a line lost, or one
+        // printed by something else).
+        assert!(fail(
+            Arch::Aarch64,
+            0,
+            "ok a\nok b\nsummary checks=3 passed=3 failed=0 skipped=0\n"
+        )
+        .contains("the runner saw checks=2 passed=2"));
+        assert!(fail(
+            Arch::Aarch64,
+            0,
+            "ok a\nsummary checks=1 passed=1 failed=0 skipped=0\nok b\n"
+        )
+        .contains("after the closing summary"));
+        assert!(fail(Arch::Aarch64, 0, "ok a\nsummary checks=1 passed=1\n").contains("malformed"));
+        // Nothing checked is not a pass; a SKIP exit with passed checks or
+        // no skip is not a skip.
+        assert!(fail(
+            Arch::Aarch64,
+            0,
+            "summary checks=0 passed=0 failed=0 skipped=0\n"
+        )
+        .contains("no check passed"));
+        assert!(fail(
+            Arch::Aarch64,
+            2,
+            "ok a\nskip b: c\nsummary checks=2 passed=1 failed=0 skipped=1\n"
+        )
+        .contains("exited SKIP"));
+        assert!(fail(
+            Arch::X86_64,
+            3,
+            "summary checks=0 passed=0 failed=0 skipped=0\n"
+        )
+        .contains("status 1"));
+        // Skipped checks inside a passing guest are reported.
+        let o = j(
+            Arch::Aarch64,
+            Some(0),
+            "ok a\nskip b: why\nsummary checks=2 passed=1 failed=0 skipped=1\n",
+        );
+        assert_eq!(o.status, Status::Pass);
+        assert_eq!(o.skipped_checks, vec![("b".to_string(), "why".to_string())]);
+    }
+
+    #[test]
+    fn runs_are_held_to_what_the_guest_declares() {
+        let test = GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64,aarch64\n\
+             //! rustkvm-expect: tcg=skip aarch64:tcg/icount=pass\n\
+             //! rustkvm-expect-skip: rustkvm/rr-smp2 b\n",
+        )
+        .unwrap();
+        let pass = "ok a\nsummary checks=1 passed=1 failed=0 skipped=0\n";
+        let skip = "skip a: absent\nsummary checks=1 passed=0 failed=0 skipped=1\n";
+        let inner = "ok a\nskip b: why\nsummary checks=2 passed=1 failed=0 skipped=1\n";
+        let held = |arch, variant, backend, code, serial: &str| {
+            hold_to_declaration(&test, arch, variant, backend, j(arch, Some(code), serial)).status
+        };
+        let (x, a, d) = (Arch::X86_64, Arch::Aarch64, Variant::Default);
+        assert_eq!(held(x, d, Backend::Rustkvm, 1, pass), Status::Pass);
+        assert_eq!(
+            held(x, d, Backend::Tcg, 5, skip),
+            Status::Skip("a: absent".into())
+        );
+        assert!(
+            matches!(held(x, d, Backend::Rustkvm, 5, skip), Status::Fail(w) if w.contains("declared PASS")),
+            "a feature rustkvm stopped offering turns the run red"
+        );
+        assert!(
+            matches!(held(x, d, Backend::Tcg, 1, pass), Status::Fail(w) if w.contains("declared SKIP"))
+        );
+        assert_eq!(
+            held(a, Variant::Icount, Backend::Tcg, 0, pass),
+            Status::Pass,
+            "last match wins"
+        );
+        assert!(matches!(
+            held(x, Variant::Icount, Backend::Tcg, 1, pass),
+            Status::Fail(_)
+        ));
+        assert_eq!(
+            held(x, Variant::RrSmp2, Backend::Rustkvm, 1, inner),
+            Status::Pass
+        );
+        assert!(
+            matches!(held(x, d, Backend::Rustkvm, 1, inner), Status::Fail(w) if w.contains("check b skipped")),
+            "an undeclared skipped check fails"
+        );
+        let failed = "not ok a: no\n";
+        assert_eq!(
+            held(x, d, Backend::Tcg, 3, failed),
+            Status::Fail("a: no".into())
+        );
+    }
+
+    #[test]
     fn protocol_lines_and_routes() {
         let o = j(
             Arch::X86_64,
             Some(1),
-            "# note\nmeasure k v w\nok a\r\nnoise\n",
+            "# note\nmeasure k v w\nok a\r\nnoise\nsummary checks=1 passed=1 failed=0 skipped=0\n",
         );
         assert_eq!(o.lines, vec!["measure k v w", "ok a"]);
         assert_eq!(o.measures, vec![("k".to_string(), "v w".to_string())]);

@@ -6,6 +6,10 @@
 //! - `measure <key> <value>`: something the guest measured (the main job
 //!   prints these, and the runner compares them across backends);
 //! - `ok <name>`, `not ok <name>: <why>`, `skip <name>: <why>`;
+//! - last, `summary checks=<n> passed=<p> failed=<f> skipped=<s>`: the
+//!   guest's own count of the lines above. A run passes only with this line,
+//!   and only when it agrees with the `ok`/`not ok`/`skip` lines the runner
+//!   saw and with the exit status: exiting 0 is not passing;
 //!
 //! and the exit status: 0 all ok, 1 something failed, 2 skipped, 0x40 + n an
 //! unexpected exception (x86: n = vector; arm64: n = ESR.EC). All stay below
@@ -189,11 +193,14 @@ impl Test {
         println!("measure {key} {value}");
     }
 
-    /// Print the summary and exit with the protocol's status.
+    /// Print the closing summary line and exit with the protocol's status.
     pub fn finish(&self) -> ! {
         println!(
-            "# {} passed, {} failed, {} skipped",
-            self.passed, self.failed, self.skipped
+            "summary checks={} passed={} failed={} skipped={}",
+            self.passed + self.failed + self.skipped,
+            self.passed,
+            self.failed,
+            self.skipped
         );
         let status = if self.failed > 0 {
             EXIT_FAIL

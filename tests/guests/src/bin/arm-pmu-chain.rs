@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG's PMU has no INST_RETIRED or CHAIN)
 //!
 //! CHAIN (event 0x1E) as KVM implements it (`kvm_pmu_counter_can_chain`,
 //! `kvm_pmu_perf_overflow`): odd counter 2n+1 counts the 32-bit overflows

@@ -1,4 +1,7 @@
 //! rustkvm-test: arch=aarch64 compare=off
+//! rustkvm-expect-skip: tcg/default el0.filtering
+//! rustkvm-expect-skip: tcg/mttcg-smp2 el0.filtering
+//! rustkvm-expect-skip: tcg/rr-smp2 el0.filtering
 //!
 //! The PMU from EL0: PMUSERENR_EL0 decides what EL0 may touch (EN all, SW
 //! PMSWINC writes, CR the cycle counter, ER the event counters and

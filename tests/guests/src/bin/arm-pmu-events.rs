@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG counts no LD_RETIRED/ST_RETIRED/EXC_TAKEN)
 //!
 //! The rest of the exactly counted events: LD_RETIRED (0x06),
 //! ST_RETIRED (0x07) and EXC_TAKEN (0x09), advertised in PMCEID0. A loop

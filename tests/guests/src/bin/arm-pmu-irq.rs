@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG has no INST_RETIRED (icount: its PMU interrupt is not KVM's))
 //!
 //! The PMU overflow interrupt on the virt board's PPI 23, as KVM raises it
 //! (`kvm_pmu_overflow_status`): level = PMCR_EL0.E && (PMOVSSET &

@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 machine=gic-version=3 compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (as arm-pmu-irq)
 //!
 //! The PMU overflow interrupt as a pseudo-NMI (Linux's arm_pmu with GICv3
 //! priority masking, `irqchip.gicv3_pseudo_nmi=1`): with ICC_PMR_EL1

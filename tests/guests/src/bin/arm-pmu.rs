@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG's PMU advertises no INST_RETIRED/BR_RETIRED/MEM_ACCESS)
 //!
 //! KVM's PMUv3 for an AArch64 guest (Arm ARM D12; Linux
 //! `arch/arm64/kvm/pmu-emul.c`, `sys_regs.c`), counted exactly without

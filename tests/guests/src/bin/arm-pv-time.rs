@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=aarch64 smp=2 compare=off vary=cpu0.stolen-permille,cpu1.st-base
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG answers SMCCC 1.0: no PV time)
 //!
 //! SMCCC 1.1 and PV stolen time as KVM answers them, in the order Linux
 //! probes them (`arch/arm64/kernel/paravirt.c`; the KVM selftest

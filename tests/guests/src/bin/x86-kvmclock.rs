@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=wall.unix-s,pvclock.tsc-khz,cross-vcpu.rounds
+//! rustkvm-expect: tcg=skip
+//!   (no kvmclock under stock TCG)
 //!
 //! kvmclock as KVM implements it (Linux Documentation/virt/kvm/x86/msr.rst,
 //! arch/x86/include/asm/pvclock-abi.h, arch/x86/kvm/x86.c): the wall clock

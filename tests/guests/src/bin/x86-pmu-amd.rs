@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 cpu=max,pmu=on compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG has no x86 PMU)
 //!
 //! The AMD PMU a KVM guest on an AMD host gets with `pmu=on` (AMD APM vol. 2
 //! §13.2; Linux `arch/x86/kvm/svm/pmu.c`, `pmu.c`), counted exactly: the

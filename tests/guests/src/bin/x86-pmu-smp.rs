@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 smp=8 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu timeout=120
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG has no x86 PMU)
 //!
 //! Eight vCPUs, each with its own PMU (KVM's PMU is per vCPU): every vCPU
 //! counts its own instructions on PMC0 and FIXED_CTR0, reads PMC0 with

@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG has no x86 PMU)
 //!
 //! The Intel architectural PMU (version 2) a KVM guest gets with `pmu=on`
 //! (Intel SDM vol. 3 ch. 20; Linux `arch/x86/kvm/pmu.c`,

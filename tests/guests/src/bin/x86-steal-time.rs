@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 compare=off
+//! rustkvm-expect: tcg=skip
+//!   (no KVM signature under stock TCG)
 //!
 //! MSR_KVM_STEAL_TIME as KVM implements it: reserved bits #GP, the MSR
 //! reads back, the structure is updated with the version protocol, a GPA

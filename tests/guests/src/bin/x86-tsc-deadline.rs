@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off vary=deadline.late-ticks
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG's max model has no TSC-deadline mode)
 //!
 //! The local APIC's TSC-deadline mode (Intel SDM vol. 3 §11.5.4.1) as KVM
 //! implements it (`arch/x86/kvm/lapic.c`): IA32_TSC_DEADLINE writes are

@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG's max model has no IA32_TSC_ADJUST)
 //! rustkvm-kvm-pvm-skip: guest writes to IA32_TSC and IA32_TSC_ADJUST do not move the TSC there (measured)
 //!
 //! A writable TSC and IA32_TSC_ADJUST with KVM's semantics (Intel SDM vol. 3

@@ -1,4 +1,6 @@
 //! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu vary=cycles.wrmsr-pmu,cycles.wrmsr-tcg,cycles.ratio.x1000
+//! rustkvm-expect: tcg=skip
+//!   (stock TCG has no x86 PMU)
 //!
 //! The cost of a WRMSR to a PMU MSR (IA32_PERFEVTSEL0, a counter that
 //! stays disabled) against a WRMSR TCG handles itself (IA32_SYSENTER_CS):
