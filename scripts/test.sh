@@ -40,7 +40,8 @@ read -r cp cf ci < <(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { pr
 read -r rp rf rs < <(awk -F'\t' '$1=="PASS"{p++} $1=="FAIL"{f++} $1=="SKIP"{s++} END { print p+0, f+0, s+0 }' "$verdicts")
 if [ "$rs" -gt 0 ]; then
     echo "skipped runs (each a host limit detected before the run, or declared in the guest):"
-    awk -F'\t' '$1=="SKIP" { printf "  %s: %s\n", $2, $3 }' "$verdicts" | sort | uniq -c | sed 's/^ *1 /  /'
+    awk -F'\t' '$1=="SKIP" { printf "%s: %s\n", $2, $3 }' "$verdicts" | sort | uniq -c \
+        | awk '{ c = $1; sub(/^ *[0-9]+ /, ""); printf "  %s%s\n", $0, (c > 1 ? " (" c " runs)" : "") }'
 fi
 if [ "$rf" -gt 0 ]; then
     echo "failed runs:"

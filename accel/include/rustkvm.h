@@ -69,6 +69,13 @@ typedef struct RustkvmHostOps {
      * APIC timer from rustkvm_x86_tsc_deadline_ns(). Called without Rust locks.
      */
     void (*tsc_deadline_changed)(uint32_t cpu_index);
+    /**
+     * A thread of rustkvm's own (not a vCPU thread) starts using guest
+     * memory: rcu_register_thread(). Called by that thread, first.
+     */
+    void (*thread_attach)(void);
+    /** That thread is done with guest memory: rcu_unregister_thread(). */
+    void (*thread_detach)(void);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */
@@ -108,6 +115,13 @@ int32_t rustkvm_machine_init(const RustkvmConfig *config);
 const char *rustkvm_strerror(int32_t err);
 /** Called once at QEMU exit: prints statistics when asked for, frees state. */
 void rustkvm_machine_exit(void);
+/**
+ * The VM starts (true) or stops (false) running: a VM change state handler
+ * (BQL held). Until the VM runs, and from the moment this returns false on,
+ * no thread of rustkvm's own writes guest RAM (a write under way finishes
+ * first): nothing changes RAM under savevm or migration's last pass.
+ */
+void rustkvm_vm_set_running(bool running);
 /** Create vCPU `index` (cpu_index); NULL if the index is out of range or taken. */
 RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
 /** Architectural reset of a vCPU (cold reset, system_reset). */

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::error::AccelError;
 use crate::info;
-use crate::memory::{GuestMemory, Interrupts, Timers};
+use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
 use crate::vcpu::{Route, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::pmu::{Counting, PmuRegs};
@@ -139,6 +139,22 @@ impl Timers for HostMemory {
     }
 }
 
+impl Threads for HostMemory {
+    fn thread_attach(&self) {
+        if let Some(f) = self.0.thread_attach {
+            // SAFETY: a plain C function of QEMU's without arguments, called
+            // by the thread it registers.
+            unsafe { f() }
+        }
+    }
+    fn thread_detach(&self) {
+        if let Some(f) = self.0.thread_detach {
+            // SAFETY: as above.
+            unsafe { f() }
+        }
+    }
+}
+
 impl GuestMemory for HostMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
         match self.0.ram_read {
@@ -186,6 +202,18 @@ pub unsafe extern "C" fn rustkvm_machine_exit() {
         if vm.config().stats {
             eprint!("{}", vm.stats_report());
         }
+    }
+}
+
+/// QEMU's VM run state changed (see `Vm::set_running`).
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_vm_set_running(running: bool) {
+    let vm = VM.lock().clone();
+    if let Some(vm) = vm {
+        vm.set_running(running);
     }
 }
 
@@ -981,6 +1009,8 @@ mod tests {
             let no_ops = header::RustkvmHostOps {
                 ram_read: None,
                 ram_write: None,
+                thread_attach: None,
+                thread_detach: None,
                 send_ipi: None,
                 clock_ns: None,
                 tsc_deadline_changed: None,

@@ -180,6 +180,52 @@ impl HostSched for LinuxSched {
     }
 }
 
+/// Spawn a thread the way QEMU's `qemu_thread_create` does
+/// (util/qemu-thread-posix.c): with every signal blocked except the
+/// synchronous SIGSEGV, SIGFPE and SIGILL, so that signals QEMU expects on its
+/// main loop (SIGTERM, SIGINT, SIGHUP, SIGUSR*, SIGCHLD …) are never taken on
+/// it. The mask is inherited from the spawning thread's, set around the
+/// spawn and restored after, so there is no window where the new thread runs
+/// with signals open.
+pub fn spawn_with_signals_blocked<F>(
+    builder: std::thread::Builder,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is plain data; sigfillset/sigdelset initialise and
+    // modify the set we own.
+    let mut block: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `block` is a valid set for these calls to initialise and edit.
+    unsafe {
+        libc::sigfillset(&mut block);
+        libc::sigdelset(&mut block, libc::SIGSEGV);
+        libc::sigdelset(&mut block, libc::SIGFPE);
+        libc::sigdelset(&mut block, libc::SIGILL);
+    }
+    // SAFETY: valid sets; only the calling thread's mask changes.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &block, &mut old) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    let spawned = builder.spawn(f);
+    // SAFETY: restores the mask saved above, for this thread only.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned
+}
+
+/// The calling thread's blocked-signal mask.
+pub fn blocked_signals() -> libc::sigset_t {
+    // SAFETY: plain data, filled by the call below.
+    let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a NULL new set only reads the mask into `cur`.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) };
+    cur
+}
+
 /// Ask the host scheduler for a short time slice for the calling thread
 /// (`sched_setattr` with SCHED_OTHER and `sched_runtime` = `slice_ns`):
 /// EEVDF (Linux 6.12 and later, `kernel/sched/fair.c`) gives a thread with a
@@ -596,6 +642,41 @@ pub mod tests {
         }
         stop.store(true, Ordering::SeqCst);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn threads_we_spawn_block_signals_as_qemus_own_and_the_spawner_keeps_its_mask() {
+        let is_blocked = |set: &libc::sigset_t, sig| {
+            // SAFETY: a valid, initialised set.
+            unsafe { libc::sigismember(set, sig) == 1 }
+        };
+        let before = blocked_signals();
+        let seen = spawn_with_signals_blocked(std::thread::Builder::new(), move || {
+            let set = blocked_signals();
+            for sig in [
+                libc::SIGINT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGUSR1,
+                libc::SIGCHLD,
+            ] {
+                assert!(is_blocked(&set, sig), "signal {sig} open");
+            }
+            for sig in [libc::SIGSEGV, libc::SIGFPE, libc::SIGILL] {
+                assert!(!is_blocked(&set, sig), "synchronous signal {sig} blocked");
+            }
+        })
+        .unwrap()
+        .join();
+        assert!(seen.is_ok());
+        let after = blocked_signals();
+        for sig in 1..32 {
+            assert_eq!(
+                is_blocked(&before, sig),
+                is_blocked(&after, sig),
+                "signal {sig}"
+            );
+        }
     }
 
     #[test]

@@ -30,10 +30,23 @@ pub trait Timers {
     fn tsc_deadline_changed(&self, _index: u32) {}
 }
 
-/// Everything the models need from the machine around them.
-pub trait Host: GuestMemory + Interrupts + Timers {}
+/// Threads of ours that are not vCPU threads (the steal sampler) follow
+/// QEMU's rules before they touch guest memory: QEMU's memory API may only be
+/// used by registered RCU readers (`rcu_register_thread`, docs/devel/rcu.rst),
+/// or a FlatView can be freed under them.
+pub trait Threads {
+    /// The calling thread starts using guest memory (QEMU:
+    /// `rcu_register_thread`). Called once, first, by the thread itself.
+    fn thread_attach(&self) {}
+    /// The calling thread is done with guest memory (QEMU:
+    /// `rcu_unregister_thread`). Called last, by the thread itself.
+    fn thread_detach(&self) {}
+}
 
-impl<T: GuestMemory + Interrupts + Timers> Host for T {}
+/// Everything the models need from the machine around them.
+pub trait Host: GuestMemory + Interrupts + Timers + Threads {}
+
+impl<T: GuestMemory + Interrupts + Timers + Threads> Host for T {}
 
 /// Memory that has nothing: every access is refused.
 #[derive(Debug, Default, Clone, Copy)]
@@ -46,6 +59,8 @@ impl Interrupts for NoMemory {
 }
 
 impl Timers for NoMemory {}
+
+impl Threads for NoMemory {}
 
 impl GuestMemory for NoMemory {
     fn read(&self, _gpa: u64, _buf: &mut [u8]) -> bool {
@@ -71,6 +86,12 @@ pub mod tests {
         bytes: Mutex<Vec<u8>>,
         log: Mutex<Vec<(u64, Vec<u8>)>>,
         clock: Option<Arc<AtomicU64>>,
+        /// Threads that called `thread_attach` (and not `thread_detach`).
+        attached: Mutex<Vec<std::thread::ThreadId>>,
+        /// Names of the threads that ever called `thread_attach`.
+        attached_names: Mutex<Vec<String>>,
+        /// Writes from a spawned thread that had not attached.
+        unattached_writes: AtomicU64,
     }
 
     impl FakeRam {
@@ -80,6 +101,9 @@ pub mod tests {
                 bytes: Mutex::new(vec![0; size]),
                 log: Mutex::new(Vec::new()),
                 clock: None,
+                attached: Mutex::new(Vec::new()),
+                attached_names: Mutex::new(Vec::new()),
+                unattached_writes: AtomicU64::new(0),
             }
         }
         /// Zeroed RAM whose VM clock (`Timers::virtual_ns`) is `clock`.
@@ -88,6 +112,15 @@ pub mod tests {
                 clock: Some(clock),
                 ..FakeRam::new(size)
             }
+        }
+        /// Writes made by a thread named `rustkvm-*` (ours, not a vCPU's
+        /// stand-in in a test) that had not called `thread_attach`.
+        pub fn unattached_writes(&self) -> u64 {
+            self.unattached_writes.load(Ordering::SeqCst)
+        }
+        /// Names of the threads that ever attached.
+        pub fn attached_names(&self) -> Vec<String> {
+            self.attached_names.lock().clone()
         }
         /// Writes so far.
         pub fn write_count(&self) -> usize {
@@ -127,9 +160,54 @@ pub mod tests {
         }
     }
 
+    impl super::Threads for FakeRam {
+        fn thread_attach(&self) {
+            let me = std::thread::current();
+            self.attached.lock().push(me.id());
+            self.attached_names
+                .lock()
+                .push(me.name().unwrap_or("").to_string());
+        }
+        fn thread_detach(&self) {
+            let me = std::thread::current().id();
+            self.attached.lock().retain(|t| *t != me);
+        }
+    }
+
     impl super::Interrupts for FakeRam {
         fn send_ipi(&self, _apic_id: u32, _icr: u32) -> bool {
             false
+        }
+    }
+
+    /// One FakeRam shared by a machine and the test that inspects it.
+    impl super::Timers for Arc<FakeRam> {
+        fn virtual_ns(&self) -> u64 {
+            (**self).virtual_ns()
+        }
+    }
+
+    impl super::Threads for Arc<FakeRam> {
+        fn thread_attach(&self) {
+            (**self).thread_attach()
+        }
+        fn thread_detach(&self) {
+            (**self).thread_detach()
+        }
+    }
+
+    impl super::Interrupts for Arc<FakeRam> {
+        fn send_ipi(&self, apic_id: u32, icr: u32) -> bool {
+            (**self).send_ipi(apic_id, icr)
+        }
+    }
+
+    impl GuestMemory for Arc<FakeRam> {
+        fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+            (**self).read(gpa, buf)
+        }
+        fn write(&self, gpa: u64, buf: &[u8]) -> bool {
+            (**self).write(gpa, buf)
         }
     }
 
@@ -155,6 +233,12 @@ pub mod tests {
             };
             bytes[gpa as usize..end as usize].copy_from_slice(buf);
             self.log.lock().push((gpa, buf.to_vec()));
+            let me = std::thread::current();
+            if me.name().is_some_and(|n| n.starts_with("rustkvm-"))
+                && !self.attached.lock().contains(&me.id())
+            {
+                self.unattached_writes.fetch_add(1, Ordering::SeqCst);
+            }
             true
         }
     }

@@ -146,6 +146,11 @@ pub struct Shared {
     peers: parking_lot::RwLock<Vec<Weak<Vcpu>>>,
     /// The MTTCG sampler found a vCPU thread kept off the host CPUs lately.
     contended: AtomicBool,
+    /// The VM is running (QEMU's run state, [`Vm::set_running`]). Threads of
+    /// ours other than vCPU threads write guest RAM only while holding this
+    /// for reading and finding it true; stopping takes it for writing, so a
+    /// write under way finishes before the VM counts as stopped.
+    running: parking_lot::RwLock<bool>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -182,6 +187,7 @@ impl Shared {
             pmu_counters: AtomicU32::new(0),
             peers: parking_lot::RwLock::new(Vec::new()),
             contended: AtomicBool::new(false),
+            running: parking_lot::RwLock::new(false),
         }
     }
 
@@ -355,64 +361,39 @@ impl Vm {
         self.vcpus.lock().iter().flatten().cloned().collect()
     }
 
+    /// QEMU's VM run state changed (a VM change state handler, BQL held):
+    /// until it runs, and once this returns for a stop, the sampler writes no
+    /// guest RAM — nothing changes RAM under savevm, `stop`, or migration's
+    /// last RAM pass (KVM likewise only writes steal time from a vCPU thread
+    /// about to enter the guest). A sampler tick under way finishes first.
+    pub fn set_running(&self, running: bool) {
+        *self.shared.running.write() = running;
+    }
+
     /// Start the MTTCG steal-time sampler: every `period` it looks at each
-    /// vCPU thread's host scheduling (see `StealTime::sample`). It stops when
-    /// the machine is dropped.
+    /// vCPU thread's host scheduling (see `Vcpu::sample`). It stops when the
+    /// machine is dropped. Its thread is created as QEMU creates its own
+    /// (`qemu_thread_create`: every asynchronous signal blocked, left to the
+    /// main loop) and registers as a reader of QEMU's memory map
+    /// ([`crate::memory::Threads`]) before it touches guest RAM.
     pub fn start_sampler(self: &Arc<Self>, period: std::time::Duration) -> std::io::Result<()> {
         let weak = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("rustkvm-steal".into())
-            .spawn(move || {
-                // Look when the tick is due, not when a busy vCPU thread's
-                // slice ends (one host CPU for all: the hint would come late).
-                crate::host::request_short_slice(SAMPLER_SLICE_NS);
-                let mut last: Vec<Option<SamplerView>> = Vec::new();
-                let Some(mut t0) = weak.upgrade().map(|vm| vm.shared.now_ns()) else {
-                    return;
-                };
-                let mut nap = period;
-                let mut tick = 0u64;
-                // Ticks since a vCPU was last found kept off the host CPUs.
-                let mut calm = u64::MAX;
-                loop {
-                    std::thread::sleep(nap);
-                    let Some(vm) = weak.upgrade() else { break };
-                    let now = vm.shared.now_ns();
-                    let interval = now.saturating_sub(t0);
-                    t0 = now;
-                    tick += 1;
-                    let fold = nap != period || tick % STEAL_FOLD_TICKS == 0;
-                    let (mut watching, mut running) = (false, false);
-                    calm = calm.saturating_add(1);
-                    for v in vm.vcpus() {
-                        let i = v.index() as usize;
-                        if last.len() <= i {
-                            last.resize_with(i + 1, || None);
-                        }
-                        match v.sample(&mut last[i], interval, fold) {
-                            Sampled::Unwatched => {}
-                            Sampled::Idle => watching = true,
-                            Sampled::Running => (watching, running) = (true, true),
-                            Sampled::Contended => (watching, running, calm) = (true, true, 0),
-                        }
-                    }
-                    // A guest that does not use the feature should not pay
-                    // for it: look rarely while none has it on, and every
-                    // `period` only while the host has recently kept a vCPU
-                    // off its CPUs (overcommit).
-                    vm.shared
-                        .contended
-                        .store(calm < CONTENDED_TICKS, Ordering::Relaxed);
-                    nap = if !watching {
-                        IDLE_SAMPLER_PERIOD
-                    } else if running && calm < CONTENDED_TICKS {
-                        period
-                    } else {
-                        period * RELAXED_FACTOR
-                    };
-                }
-            })
-            .map(|_| ())
+        let shared = Arc::clone(&self.shared);
+        let builder = std::thread::Builder::new().name("rustkvm-steal".into());
+        crate::host::spawn_with_signals_blocked(builder, move || {
+            shared.host.thread_attach();
+            // Look when the tick is due, not when a busy vCPU thread's
+            // slice ends (one host CPU for all: the hint would come late).
+            crate::host::request_short_slice(SAMPLER_SLICE_NS);
+            let mut sampler = Sampler::new(period, shared.now_ns());
+            loop {
+                std::thread::sleep(sampler.nap);
+                let Some(vm) = weak.upgrade() else { break };
+                sampler.tick(&vm);
+            }
+            shared.host.thread_detach();
+        })
+        .map(|_| ())
     }
 
     /// The `stats=on` report: one line per live vCPU.
@@ -428,6 +409,85 @@ impl Vm {
             );
         }
         out
+    }
+}
+
+/// The steal-time sampler's state between ticks (see [`Vm::start_sampler`]).
+#[derive(Debug)]
+pub struct Sampler {
+    /// The fast period.
+    period: std::time::Duration,
+    /// How long to sleep before the next tick.
+    pub nap: std::time::Duration,
+    /// What the last tick saw of each vCPU, by index.
+    last: Vec<Option<SamplerView>>,
+    /// Host time of the last tick.
+    t0: u64,
+    /// Ticks so far.
+    tick: u64,
+    /// Ticks since a vCPU was last found kept off the host CPUs.
+    calm: u64,
+}
+
+impl Sampler {
+    /// A sampler whose fast period is `period`, started at host time `now`.
+    pub fn new(period: std::time::Duration, now: u64) -> Self {
+        Sampler {
+            period,
+            nap: period,
+            last: Vec::new(),
+            t0: now,
+            tick: 0,
+            calm: u64::MAX,
+        }
+    }
+
+    /// One look at every vCPU of `vm`; sets [`Sampler::nap`]. While the VM
+    /// is not running it looks at nothing and writes nothing (the run state
+    /// is held for the whole tick, so a stop waits for it).
+    pub fn tick(&mut self, vm: &Vm) {
+        let running_vm = vm.shared.running.read();
+        let now = vm.shared.now_ns();
+        let interval = now.saturating_sub(self.t0);
+        self.t0 = now;
+        if !*running_vm {
+            // Stopped: the vCPUs are paused; the time does not count as a
+            // sampling interval.
+            self.nap = IDLE_SAMPLER_PERIOD;
+            for view in &mut self.last {
+                *view = None;
+            }
+            return;
+        }
+        self.tick += 1;
+        let fold = self.nap != self.period || self.tick % STEAL_FOLD_TICKS == 0;
+        let (mut watching, mut running) = (false, false);
+        self.calm = self.calm.saturating_add(1);
+        for v in vm.vcpus() {
+            let i = v.index() as usize;
+            if self.last.len() <= i {
+                self.last.resize_with(i + 1, || None);
+            }
+            match v.sample(&mut self.last[i], interval, fold) {
+                Sampled::Unwatched => {}
+                Sampled::Idle => watching = true,
+                Sampled::Running => (watching, running) = (true, true),
+                Sampled::Contended => (watching, running, self.calm) = (true, true, 0),
+            }
+        }
+        // A guest that does not use the feature should not pay for it: look
+        // rarely while none has it on, and every `period` only while the host
+        // has recently kept a vCPU off its CPUs (overcommit).
+        vm.shared
+            .contended
+            .store(self.calm < CONTENDED_TICKS, Ordering::Relaxed);
+        self.nap = if !watching {
+            IDLE_SAMPLER_PERIOD
+        } else if running && self.calm < CONTENDED_TICKS {
+            self.period
+        } else {
+            self.period * RELAXED_FACTOR
+        };
     }
 }
 
@@ -798,6 +858,108 @@ mod tests {
         host.advance(PEER_LOOK_NS);
         r0.run_begin();
         assert_eq!(host.clock_reads(), reads, "round-robin: no look");
+    }
+
+    #[test]
+    fn the_sampler_writes_no_guest_ram_until_the_vm_runs_nor_after_it_stops() {
+        use crate::vcpu::Sampled;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const MS: u64 = 1_000_000;
+        let host = FakeSched::at(MS);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let vm = vm_on(1, &host);
+        let v0 = vm.create_vcpu(0).unwrap();
+        let byte = || {
+            let mut b = [0u8];
+            assert!(vm.shared.host.read(ST_PREEMPTED, &mut b));
+            b[0]
+        };
+        assert_eq!(
+            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v0.run_begin();
+        // vCPU 0 in guest code, kept off the CPUs on a run queue for most
+        // of every tick: what the sampler marks preempted.
+        let starve = || {
+            host.advance(MS);
+            host.update(T0, |t| {
+                t.cpu_ns += 100_000;
+                t.running = false;
+            });
+        };
+        let mut sampler = Sampler::new(std::time::Duration::from_micros(500), host.now_ns());
+        // Before QEMU says the VM runs (a machine created stopped, -S, an
+        // incoming migration): no look, no write, nothing remembered.
+        for _ in 0..3 {
+            starve();
+            sampler.tick(&vm);
+            assert_eq!(byte(), 0, "written before the VM ran");
+        }
+        assert!(sampler.last.iter().all(Option::is_none));
+        assert_eq!(sampler.nap, IDLE_SAMPLER_PERIOD);
+        vm.set_running(true);
+        starve();
+        sampler.tick(&vm);
+        starve();
+        sampler.tick(&vm);
+        assert_eq!(byte(), 1, "running: marked preempted");
+        // Cleared by its own entry, then the VM stops (savevm, stop, the
+        // last RAM pass of a migration): however long the vCPU thread is
+        // kept off the CPUs, nothing is written.
+        v0.run_end(false);
+        v0.run_begin();
+        assert_eq!(byte(), 0);
+        vm.set_running(false);
+        for _ in 0..3 {
+            starve();
+            sampler.tick(&vm);
+            assert_eq!(byte(), 0, "written while the VM was stopped");
+        }
+        // Running again: the first tick only looks (the stopped time is no
+        // sampling interval), the next may mark.
+        vm.set_running(true);
+        starve();
+        sampler.tick(&vm);
+        assert_eq!(byte(), 0, "the stop counted as a wait");
+        starve();
+        sampler.tick(&vm);
+        assert_eq!(byte(), 1);
+        assert_eq!(v0.sample(&mut None, MS, false), Sampled::Running);
+    }
+
+    #[test]
+    fn the_sampler_thread_attaches_to_guest_memory_before_it_writes() {
+        use crate::memory::tests::FakeRam;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        let ram = Arc::new(FakeRam::new(0x2000));
+        let vm = Arc::new(Vm::with_memory(
+            VmConfig::new(Arch::X86_64, 1, true).unwrap(),
+            Box::new(Arc::clone(&ram)),
+        ));
+        vm.set_running(true);
+        let v0 = vm.create_vcpu(0).unwrap();
+        assert_eq!(
+            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v0.run_begin();
+        vm.start_sampler(std::time::Duration::from_micros(500))
+            .unwrap();
+        // Wait for the sampler to attach; it does so before anything else.
+        // (The bound only keeps a broken build from hanging the suite.)
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !ram.attached_names().iter().any(|n| n == "rustkvm-steal") {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the sampler never attached"
+            );
+            std::thread::yield_now();
+        }
+        v0.run_end(false);
+        drop(vm);
+        assert_eq!(ram.unattached_writes(), 0);
     }
 
     #[test]
