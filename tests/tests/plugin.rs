@@ -1,21 +1,54 @@
-//! rustkvm's TCG plugin (`plugin/`) in QEMU: exactness against QEMU's own
-//! contrib `insn` plugin and against its own per-instruction mode, in the
-//! same process; stock Debian QEMU 10.0 as well as rustkvm's build; both
-//! architectures, several vCPUs; argument and output-file errors.
+//! rustkvm's TCG plugin (`plugin/`) in QEMU, checked against what it
+//! cannot compute itself: the guest's own arithmetic (`plugin-counted`
+//! runs a loop whose every instruction, branch, class and memory access is
+//! known) and QEMU's contrib `insn` plugin, in the same process; stock
+//! Debian QEMU 10.0 as well as rustkvm's build; both architectures, two
+//! vCPUs; filters, `limit=`, `interval=`; argument and output-file errors.
+//!
+//! Needs `scripts/build-qemu.sh` (rustkvm's QEMU and QEMU's `libinsn.so`),
+//! `scripts/build-guests.sh`, `cargo build -p rustkvm-plugin` and Debian's
+//! stock QEMU 10.0 (`scripts/deps.sh`): a missing one is a failure.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use rustkvm_tests::{guest, qemu, Arch};
 
-/// Debian's stock QEMU (`scripts/deps.sh` installs 10.0 from
-/// bookworm-backports).
+/// The guest whose loop is the oracle, and its symbol.
+const COUNTED: &str = "plugin-counted";
+const COUNTED_SYMBOL: &str = "plugin_counted_loop";
+/// Iterations of each vCPU's first call (tests/guests/src/bin/plugin-counted.rs).
+const WARMUP: u64 = 1000;
+
+/// Debian's stock QEMU 10.0 (`scripts/deps.sh` installs it from
+/// bookworm-backports); a missing or other QEMU fails the test.
 fn stock(arch: Arch) -> PathBuf {
-    PathBuf::from(match arch {
+    let exe = PathBuf::from(match arch {
         Arch::X86_64 => "/usr/bin/qemu-system-x86_64",
         Arch::Aarch64 => "/usr/bin/qemu-system-aarch64",
+    });
+    let version = Command::new(&exe)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("cannot run it: {e}"));
+    assert!(
+        version.contains("version 10.0."),
+        "{} is not Debian's stock QEMU 10.0 ({:?}): scripts/deps.sh installs \
+         qemu-system-x86 and qemu-system-arm 10.0 from bookworm-backports",
+        exe.display(),
+        version.trim()
+    );
+    exe
+}
+
+/// QEMU's contrib `insn` plugin from rustkvm's build: the independent
+/// instruction count. Missing is a failure.
+fn libinsn() -> PathBuf {
+    qemu::plugin("insn").unwrap_or_else(|e| {
+        panic!("QEMU's insn plugin (the independent instruction count) is missing: {e}")
     })
 }
 
@@ -39,8 +72,23 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Boot `guest` on `exe` with `plugins` (path, args); returns stderr.
-fn boot(exe: &Path, arch: Arch, guest: &str, smp: u32, plugins: &[(PathBuf, String)]) -> String {
+/// How a QEMU run ended.
+struct Run {
+    /// QEMU's exit status (None: killed by a signal).
+    status: Option<i32>,
+    /// Its stderr (plugins' messages, `-d plugin` output).
+    stderr: String,
+}
+
+/// Boot `guest` on `exe` with `plugins` (path, args) and `extra` arguments.
+fn boot(
+    exe: &Path,
+    arch: Arch,
+    guest: &str,
+    smp: u32,
+    plugins: &[(PathBuf, String)],
+    extra: &[String],
+) -> Run {
     let tests = guest::discover().expect("guests");
     let t = tests.iter().find(|t| t.name == guest).expect("guest");
     let mut cmd = Command::new("timeout");
@@ -54,9 +102,20 @@ fn boot(exe: &Path, arch: Arch, guest: &str, smp: u32, plugins: &[(PathBuf, Stri
         };
         cmd.args(["-plugin", &spec]);
     }
-    cmd.args(["-d", "plugin"]);
+    cmd.args(["-d", "plugin"]).args(extra);
     let out = cmd.output().expect("QEMU ran");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    Run {
+        status: out.status.code(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `-fw_cfg` telling `plugin-counted` its iteration count.
+fn iterations(n: u64) -> Vec<String> {
+    vec![
+        "-fw_cfg".into(),
+        format!("name=opt/rustkvm/plugin-iterations,string={n}"),
+    ]
 }
 
 fn json(path: &Path) -> Value {
@@ -64,116 +123,148 @@ fn json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
 }
 
-/// Ours in exact mode, a copy of ours per instruction, and QEMU's `insn`
-/// (when given) in one process: every counter equal, per vCPU.
-fn exact_everywhere(exe: &Path, arch: Arch, guest: &str, smp: u32, insn: Option<PathBuf>) {
-    let dir = scratch(&format!("{}-{guest}-{smp}", arch.name()));
+/// A copy of our plugin in `dir` (QEMU loads one file once).
+fn copy_of_ours(dir: &Path, name: &str) -> PathBuf {
     let ours = qemu::rustkvm_plugin().expect("plugin built");
-    let copy = dir.join("librustkvm_plugin_copy.so");
+    let copy = dir.join(format!("{name}.so"));
     std::fs::copy(&ours, &copy).unwrap();
-    let (exact, per_insn) = (dir.join("exact.json"), dir.join("insn.json"));
-    let mut plugins = vec![
+    copy
+}
+
+/// QEMU's `insn` plugin's per-vCPU counts (`cpu N insns: X` lines).
+fn insn_counts(stderr: &str, vcpus: usize) -> Vec<u64> {
+    (0..vcpus)
+        .map(|k| {
+            let prefix = format!("cpu {k} insns: ");
+            stderr
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("no '{prefix}' line from QEMU's insn plugin in\n{stderr}")
+                })
+        })
+        .collect()
+}
+
+/// What `iters` iterations in `calls` calls of `plugin_counted_loop`
+/// execute (tests/guests/src/counted.rs), as one vCPU object of the report
+/// with `counters=all`.
+fn counted_oracle(arch: Arch, vcpu: usize, iters: u64, calls: u64) -> Value {
+    let loads = match arch {
+        Arch::X86_64 => iters + calls, // each return pops
+        Arch::Aarch64 => iters,
+    };
+    json!({
+        "vcpu": vcpu,
+        "instructions": 5 * iters + 2 * calls,
+        "branches": iters + calls,
+        "mem_access": loads + iters,
+        "mem_loads": loads,
+        "mem_stores": iters,
+        "class_branch": iters + calls,
+        "class_load_store": 2 * iters,
+        "class_alu": 2 * iters + calls,
+        "class_fp_simd": 0,
+        "class_system": 0,
+        "class_other": 0,
+    })
+}
+
+/// `plugin-counted` with `n` iterations on `exe`, two vCPUs, four plugins
+/// in one process: ours in exact mode, a copy per instruction, a copy
+/// counting only the loop, and QEMU's `insn`. The loop copy equals the
+/// guest's arithmetic on every counter of every vCPU; the exact copy
+/// equals the per-instruction copy on every counter and QEMU's `insn` on
+/// instructions, per vCPU; its hot blocks in the loop add up to the loop's
+/// instructions.
+fn exact_everywhere(exe: &Path, arch: Arch) {
+    let n = 100_000;
+    let dir = scratch(&format!("exact-{}-{arch}", exe.display().to_string().len()));
+    let (exact, per_insn, looped) = (
+        dir.join("exact.json"),
+        dir.join("insn.json"),
+        dir.join("loop.json"),
+    );
+    let plugins = vec![
         (
-            ours,
-            format!("counters=all,hot=5,quiet=on,outfile={}", exact.display()),
+            copy_of_ours(&dir, "exact"),
+            format!(
+                "counters=all,hot=1000000,quiet=on,outfile={}",
+                exact.display()
+            ),
         ),
         (
-            copy,
+            copy_of_ours(&dir, "insn"),
             format!(
                 "mode=insn,counters=all,quiet=on,outfile={}",
                 per_insn.display()
             ),
         ),
+        (
+            copy_of_ours(&dir, "loop"),
+            format!(
+                "symbol={COUNTED_SYMBOL},counters=all,quiet=on,outfile={}",
+                looped.display()
+            ),
+        ),
+        (libinsn(), "inline=on".into()),
     ];
-    if let Some(i) = insn {
-        plugins.push((i, "inline=on".into()));
-    }
-    let stderr = boot(exe, arch, guest, smp, &plugins);
-    let (e, i) = (json(&exact), json(&per_insn));
-    let label = format!("{} {arch} {guest} smp{smp}", exe.display());
+    let run = boot(exe, arch, COUNTED, 2, &plugins, &iterations(n));
+    let label = format!("{} {arch}", exe.display());
+    assert_eq!(
+        run.status.and_then(|s| arch.guest_status(s)),
+        Some(0),
+        "{label}: the guest failed (status {:?})\n{}",
+        run.status,
+        run.stderr
+    );
+    let (e, i, l) = (json(&exact), json(&per_insn), json(&looped));
+    // The guest's arithmetic: vCPU 0 runs WARMUP + n iterations, vCPU 1
+    // WARMUP + 2n, in two calls each.
+    let want = json!([
+        counted_oracle(arch, 0, WARMUP + n, 2),
+        counted_oracle(arch, 1, WARMUP + 2 * n, 2),
+    ]);
+    assert_eq!(l["vcpus"], want, "{label}: the loop's counters");
     assert_eq!(
         e["vcpus"], i["vcpus"],
         "{label}: exact mode vs per-instruction"
     );
+    let ours: Vec<u64> = (0..2)
+        .map(|k| e["vcpus"][k]["instructions"].as_u64().expect("count"))
+        .collect();
     assert_eq!(
-        e["vcpus"].as_array().map(Vec::len),
-        Some(smp as usize),
-        "{label}"
+        ours,
+        insn_counts(&run.stderr, 2),
+        "{label}: instructions per vCPU vs QEMU's insn plugin"
     );
-    let total = e["total"]["instructions"].as_u64().expect("count");
-    assert!(total > 10_000, "{label}: {total}");
-    for k in ["branches", "mem_loads", "mem_stores", "class_alu"] {
-        assert!(
-            e["total"][k].as_u64().is_some_and(|v| v > 0),
-            "{label}: {k}"
-        );
-    }
-    let classes: u64 = [
-        "class_branch",
-        "class_load_store",
-        "class_alu",
-        "class_fp_simd",
-        "class_system",
-        "class_other",
-    ]
-    .iter()
-    .map(|k| e["total"][*k].as_u64().unwrap_or(0))
-    .sum();
-    assert_eq!(classes, total, "{label}: every instruction has one class");
+    let in_loop: u64 = e["hot_blocks"]
+        .as_array()
+        .expect("hot blocks")
+        .iter()
+        .filter(|b| b["symbol"] == COUNTED_SYMBOL)
+        .map(|b| b["executions"].as_u64().unwrap() * b["insns"].as_u64().unwrap())
+        .sum();
     assert_eq!(
-        e["total"]["branches"], e["total"]["class_branch"],
-        "{label}"
+        in_loop,
+        l["total"]["instructions"].as_u64().unwrap(),
+        "{label}: hot blocks in the loop x their lengths"
     );
-    assert!(!e["hot_blocks"].as_array().unwrap().is_empty(), "{label}");
-    if plugins.len() == 3 {
-        let line = stderr
-            .lines()
-            .find_map(|l| l.strip_prefix("total insns: "))
-            .unwrap_or_else(|| panic!("{label}: no insn output in\n{stderr}"));
-        assert_eq!(
-            line.trim().parse::<u64>().ok(),
-            Some(total),
-            "{label}: QEMU's insn plugin"
-        );
-    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn exact_counts_equal_qemus_insn_plugin_in_rustkvms_build() {
+fn exact_counts_equal_the_guests_arithmetic_and_qemus_insn_plugin_in_rustkvms_build() {
     for arch in Arch::ALL {
-        let exe = qemu::emulator(arch).expect("built");
-        let insn = qemu::plugin("insn").ok();
-        let guest = match arch {
-            Arch::X86_64 => "hello",
-            Arch::Aarch64 => "smp",
-        };
-        let smp = if arch == Arch::Aarch64 { 2 } else { 1 };
-        exact_everywhere(&exe, arch, guest, smp, insn);
+        exact_everywhere(&qemu::emulator(arch).expect("built"), arch);
     }
 }
 
 #[test]
 fn stock_debian_qemu_10_0_loads_it_and_counts_exactly() {
     for arch in Arch::ALL {
-        let exe = stock(arch);
-        let version = Command::new(&exe).arg("--version").output();
-        let v = version
-            .as_ref()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        if !v.contains("version 10.0.") {
-            eprintln!(
-                "SKIP: {} is not QEMU 10.0 ({v:?}); scripts/deps.sh installs it",
-                exe.display()
-            );
-            continue;
-        }
-        let guest = match arch {
-            Arch::X86_64 => "hello",
-            Arch::Aarch64 => "smp",
-        };
-        exact_everywhere(&exe, arch, guest, 2, None);
+        exact_everywhere(&stock(arch), arch);
     }
 }
 
@@ -194,6 +285,7 @@ fn tb_mode_is_never_below_exact_and_csv_has_the_same_totals() {
             (ours, format!("quiet=on,outfile={}", exact.display())),
             (copy, format!("mode=tb,quiet=on,outfile={}", tb.display())),
         ],
+        &[],
     );
     let csv = std::fs::read_to_string(&exact).unwrap();
     let exact_total: u64 = csv
@@ -247,7 +339,7 @@ fn run_ours(guest: &str, arg_sets: &[&str]) -> (Vec<Value>, String) {
         let out = dir.join(format!("r{i}.json"));
         plugins.push((copy, format!("quiet=on,outfile={},{args}", out.display())));
     }
-    let stderr = boot(&exe, Arch::X86_64, guest, 1, &plugins);
+    let stderr = boot(&exe, Arch::X86_64, guest, 1, &plugins, &[]).stderr;
     let reports = (0..arg_sets.len())
         .map(|i| json(&dir.join(format!("r{i}.json"))))
         .collect();

@@ -19,6 +19,7 @@
 
 pub mod arch;
 pub mod console;
+pub mod counted;
 pub mod cross;
 #[cfg(target_arch = "aarch64")]
 pub mod gic;
