@@ -50,7 +50,8 @@ pub struct Config {
     pub mode: Mode,
     /// Counters.
     pub counters: Counters,
-    /// Report the N hottest blocks (0: off).
+    /// Report the N hottest blocks (0: off); one counter per distinct block
+    /// (first instruction's address and length), however often translated.
     pub hot: usize,
     /// Where to write the report; None: stderr table only.
     pub outfile: Option<PathBuf>,

@@ -10,6 +10,7 @@
 
 pub mod args;
 pub mod classify;
+pub mod hot;
 mod qemu;
 pub mod report;
 

@@ -17,7 +17,8 @@ use qemu_plugin_sys as sys;
 
 use crate::args::{Config, Format, Mode};
 use crate::classify::{groups_of, Arch, Class, Classifier, InsnInfo};
-use crate::report::{HotBlock, Interval, Report, VcpuCounts};
+use crate::hot::{BlockInfo, BlockKey, HotTable};
+use crate::report::{Interval, Report, VcpuCounts};
 
 /// The plugin API version QEMU checks before calling `qemu_plugin_install`.
 #[unsafe(no_mangle)]
@@ -28,15 +29,6 @@ unsafe extern "C" {
     fn g_free(mem: *mut c_void);
 }
 
-/// A block recorded for the hot-block report.
-struct HotEntry {
-    vaddr: u64,
-    insns: usize,
-    score: *mut sys::qemu_plugin_scoreboard,
-    symbol: String,
-    disas: String,
-}
-
 /// The loaded plugin.
 struct Plugin {
     config: Config,
@@ -44,7 +36,8 @@ struct Plugin {
     target: String,
     /// One `VcpuCounts` per vCPU.
     score: *mut sys::qemu_plugin_scoreboard,
-    hot: Mutex<Vec<HotEntry>>,
+    /// `hot=`: one scoreboard (a `u64` per vCPU) per distinct block.
+    hot: Mutex<HotTable<*mut sys::qemu_plugin_scoreboard>>,
     intervals: Mutex<Vec<Interval>>,
     out: Mutex<Option<File>>,
 }
@@ -132,7 +125,7 @@ unsafe fn install(
         arch,
         target,
         score,
-        hot: Mutex::new(Vec::new()),
+        hot: Mutex::new(HotTable::new()),
         intervals: Mutex::new(Vec::new()),
         out: Mutex::new(out),
     };
@@ -345,37 +338,64 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
         }
     }
     if p.config.hot > 0 {
-        let score = unsafe { sys::qemu_plugin_scoreboard_new(8) };
+        let key = BlockKey {
+            // SAFETY: tb is the block being translated.
+            vaddr: unsafe { sys::qemu_plugin_tb_vaddr(tb) },
+            insns: n,
+        };
+        // A block translated again (after a flush, a code write, ...) gets
+        // the scoreboard of its first translation: the table grows with
+        // distinct blocks only (crate::hot).
+        let Ok(mut hot) = p.hot.lock() else { return };
+        // SAFETY: tb is the block being translated, with n > 0 instructions.
+        let score = hot.counter(key, || unsafe { describe_block(tb) });
+        drop(hot);
+        // SAFETY: tb is being translated; the scoreboard is ours and never
+        // freed.
         unsafe {
             sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, entry(score, 0), 1)
         };
-        let first = unsafe { sys::qemu_plugin_tb_get_insn(tb, 0) };
-        let symbol = unsafe { sys::qemu_plugin_insn_symbol(first) };
-        let symbol = if symbol.is_null() {
-            String::new()
-        } else {
-            unsafe { CStr::from_ptr(symbol) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        let d = unsafe { sys::qemu_plugin_insn_disas(first) };
-        let disas = if d.is_null() {
-            String::new()
-        } else {
-            let s = unsafe { CStr::from_ptr(d) }.to_string_lossy().into_owned();
-            unsafe { g_free(d.cast()) };
+    }
+}
+
+/// A new scoreboard and the symbol and disassembly of the first
+/// instruction, for a block seen for the first time.
+///
+/// # Safety
+/// `tb` is the block being translated and has at least one instruction.
+unsafe fn describe_block(
+    tb: *mut sys::qemu_plugin_tb,
+) -> BlockInfo<*mut sys::qemu_plugin_scoreboard> {
+    // SAFETY: instruction 0 of the block being translated.
+    let first = unsafe { sys::qemu_plugin_tb_get_insn(tb, 0) };
+    // SAFETY: first is valid during translation; QEMU returns NULL or a
+    // string it keeps.
+    let symbol = unsafe { sys::qemu_plugin_insn_symbol(first) };
+    let symbol = if symbol.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-NULL, NUL-terminated (above).
+        unsafe { CStr::from_ptr(symbol) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    // SAFETY: as above; QEMU returns NULL or a string we must g_free.
+    let d = unsafe { sys::qemu_plugin_insn_disas(first) };
+    let disas = if d.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-NULL, NUL-terminated, ours to free once read.
+        unsafe {
+            let s = CStr::from_ptr(d).to_string_lossy().into_owned();
+            g_free(d.cast());
             s
-        };
-        let e = HotEntry {
-            vaddr: unsafe { sys::qemu_plugin_tb_vaddr(tb) },
-            insns: n,
-            score,
-            symbol,
-            disas,
-        };
-        if let Ok(mut hot) = p.hot.lock() {
-            hot.push(e);
         }
+    };
+    BlockInfo {
+        // SAFETY: plain plugin API call.
+        counter: unsafe { sys::qemu_plugin_scoreboard_new(8) },
+        symbol,
+        disas,
     }
 }
 
@@ -416,39 +436,33 @@ unsafe extern "C" fn on_interval(vcpu: c_uint, _data: *mut c_void) {
     }
 }
 
-unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
-    let Some(p) = PLUGIN.get() else { return };
-    // SAFETY: plugin API getters on our own scoreboards (alive until freed
-    // below, after the last read).
+/// The report as the counters stand now.
+fn build_report(p: &Plugin) -> Report {
+    // SAFETY: plain plugin API call.
     let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(0) as c_uint;
     let counts: Vec<VcpuCounts> = (0..vcpus).map(|i| read_counts(p, i)).collect();
-    let mut hot: Vec<HotBlock> = Vec::new();
-    if let Ok(mut entries) = p.hot.lock() {
-        let mut by_addr: std::collections::BTreeMap<u64, HotBlock> = Default::default();
-        for e in entries.drain(..) {
-            let executions = unsafe { sys::qemu_plugin_u64_sum(entry(e.score, 0)) };
-            unsafe { sys::qemu_plugin_scoreboard_free(e.score) };
-            let b = by_addr.entry(e.vaddr).or_insert(HotBlock {
-                vaddr: e.vaddr,
-                insns: e.insns,
-                executions: 0,
-                symbol: e.symbol,
-                disas: e.disas,
-            });
-            b.executions += executions;
-        }
-        hot = by_addr.into_values().collect();
-        hot.sort_by(|a, b| b.executions.cmp(&a.executions).then(a.vaddr.cmp(&b.vaddr)));
-        hot.truncate(p.config.hot);
-    }
-    let report = Report {
+    let hot = p
+        .hot
+        .lock()
+        .map(|t| {
+            t.hottest(p.config.hot, |score| {
+                // SAFETY: a scoreboard of ours; never freed (see at_exit).
+                unsafe { sys::qemu_plugin_u64_sum(entry(score, 0)) }
+            })
+        })
+        .unwrap_or_default();
+    Report {
         target: p.target.clone(),
         mode: p.config.mode,
         counters: p.config.counters,
         vcpus: counts,
         hot,
         intervals: p.intervals.lock().map(|v| v.clone()).unwrap_or_default(),
-    };
+    }
+}
+
+/// Write `report` to `outfile=` and, unless `quiet=on`, the table to stderr.
+fn write_report(p: &Plugin, report: Report) {
     if let Ok(mut out) = p.out.lock() {
         if let Some(f) = out.as_mut() {
             let text = match p.config.format {
@@ -463,4 +477,16 @@ unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
     if !p.config.quiet {
         eprint!("{}", report.table());
     }
+}
+
+/// QEMU's exit callback: write the report.
+///
+/// Nothing is freed here: QEMU calls this from `exit`'s handlers, and a
+/// guest's own exit (x86 `isa-debug-exit`, arm semihosting `SYS_EXIT`)
+/// calls `exit` on its vCPU thread while the other vCPUs may still run
+/// translated code holding our scoreboards in their inline operations; the
+/// process ends right after, which releases everything.
+unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
+    let Some(p) = PLUGIN.get() else { return };
+    write_report(p, build_report(p));
 }
