@@ -64,7 +64,9 @@ pub struct Config {
     /// Count only instructions in this symbol (QEMU's symbol lookup).
     pub symbol: Option<String>,
     /// Stop QEMU once a vCPU has executed this many counted instructions
-    /// (at the next block boundary; 0: never).
+    /// (at the next block boundary; 0: never): every vCPU is stopped, the
+    /// report is written, and QEMU exits with status
+    /// [`crate::LIMIT_EXIT_STATUS`] (100).
     pub limit: u64,
     /// Record every vCPU's counters each time it executes this many more
     /// counted instructions (at block boundaries; 0: never).
@@ -118,7 +120,8 @@ const KEYS: &str =
     "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=";
 const RANGE: &str =
     "filter=START-END (guest virtual addresses, hex with 0x or decimal, START < END)";
-const LIMIT: &str = "limit=N (instructions, 1 or more)";
+const LIMIT: &str =
+    "limit=N (instructions, 1 or more; QEMU then writes the report and exits with status 100)";
 const INTERVAL: &str = "interval=N (instructions, 1000 or more)";
 const MODES: &str = "mode=exact|insn|tb";
 const COUNTERS: &str =
@@ -312,5 +315,9 @@ mod tests {
             assert!(e.to_string().contains(arg), "{e}");
         }
         assert!(Config::parse(["outfile="]).is_err());
+        assert!(
+            LIMIT.contains(&format!("exits with status {}", crate::LIMIT_EXIT_STATUS)),
+            "the help names the status: {LIMIT}"
+        );
     }
 }

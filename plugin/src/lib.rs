@@ -16,3 +16,8 @@ pub mod report;
 
 /// QEMU plugin API version this plugin speaks (QEMU 10.0 speaks version 4).
 pub const PLUGIN_API_VERSION: u32 = 4;
+
+/// QEMU's exit status when `limit=` stopped the run (after the report was
+/// written): not 0 (the guest ran to its end), not 1 (QEMU's error status),
+/// and even, so never an x86 `isa-debug-exit` status (`(v << 1) | 1`).
+pub const LIMIT_EXIT_STATUS: i32 = 100;

@@ -1,5 +1,6 @@
 //! The plugin's face to QEMU: `qemu_plugin_install`, the translation
-//! callback that plants inline operations, and the report at exit.
+//! callback that plants inline operations, and the report at exit (or when
+//! `limit=` stops the run).
 //!
 //! Hot path: nothing runs per executed instruction but QEMU's inline
 //! scoreboard adds (no callbacks, no locks, no allocation). The translation
@@ -11,6 +12,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fs::File;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use qemu_plugin_sys as sys;
@@ -31,6 +33,8 @@ unsafe extern "C" {
 
 /// The loaded plugin.
 struct Plugin {
+    /// The id QEMU gave this plugin (for `qemu_plugin_reset`).
+    id: sys::qemu_plugin_id_t,
     config: Config,
     arch: Arch,
     target: String,
@@ -50,6 +54,13 @@ unsafe impl Send for Plugin {}
 unsafe impl Sync for Plugin {}
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+/// Set by whichever writes the report first (the exit callback or the
+/// `limit=` stop), so it is written once.
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The first vCPU that reached `limit=`.
+static LIMIT_VCPU: OnceLock<c_uint> = OnceLock::new();
 
 thread_local! {
     static CLASSIFIER: RefCell<Option<Classifier>> = const { RefCell::new(None) };
@@ -121,6 +132,7 @@ unsafe fn install(
     // SAFETY: plain plugin API call.
     let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
     let plugin = Plugin {
+        id,
         config,
         arch,
         target,
@@ -345,7 +357,10 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
         };
         // A block translated again (after a flush, a code write, ...) gets
         // the scoreboard of its first translation: the table grows with
-        // distinct blocks only (crate::hot).
+        // distinct blocks only (crate::hot). The scoreboard is allocated
+        // under our lock, which then takes QEMU's plugin lock; the limit=
+        // stop takes them the other way round, but runs while no vCPU is
+        // translating (see on_limit), so the two never wait on each other.
         let Ok(mut hot) = p.hot.lock() else { return };
         // SAFETY: tb is the block being translated, with n > 0 instructions.
         let score = hot.counter(key, || unsafe { describe_block(tb) });
@@ -413,16 +428,62 @@ fn read_counts(p: &Plugin, i: c_uint) -> VcpuCounts {
     }
 }
 
-/// `limit=` reached on `vcpu`: stop QEMU (the report is written by the
-/// exit callback, which QEMU runs from `exit`).
+/// `limit=` reached on `vcpu` (at a block start): ask QEMU to stop every
+/// vCPU and call [`stop_at_limit`], which writes the report and exits with
+/// [`crate::LIMIT_EXIT_STATUS`].
+///
+/// Why not `exit` here (what the plugin once did): this runs on one vCPU
+/// thread while the others keep executing translated code, and `exit` runs
+/// the `atexit` handlers right away, among them QEMU's
+/// `qemu_plugin_atexit_cb` (plugins/core.c, registered by its constructor
+/// `plugin_init`), which calls every plugin's exit callback — callbacks
+/// that free scoreboards (QEMU's own `tests/tcg/plugins/insn.c` and
+/// `contrib/plugins/hotblocks.c` do; this plugin freed its `hot=` ones)
+/// that the other vCPUs' inline operations still write to.
+///
+/// What QEMU 10.0 provides instead (plugins/loader.c, cpu-common.c):
+/// `qemu_plugin_reset` from a vCPU callback queues the reset with
+/// `async_safe_run_on_cpu(current_cpu, plugin_flush_destroy, ..)` and kicks
+/// this vCPU, which leaves its block at the next block boundary;
+/// `process_queued_cpu_work` then runs `plugin_flush_destroy` between
+/// `start_exclusive()` and `end_exclusive()`: `start_exclusive` kicks every
+/// other running vCPU and waits until none is inside `cpu_exec`, and
+/// `cpu_exec_start` holds any vCPU back until `end_exclusive`.
+/// `plugin_flush_destroy` flushes the code cache, unregisters all of this
+/// plugin's callbacks (its exit callback too) and calls our callback, still
+/// in that exclusive section. [`stop_at_limit`] never returns, so
+/// `end_exclusive` never comes: no vCPU runs guest code again, and `exit`'s
+/// handlers (other plugins' exit callbacks, QEMU's terminal restore) run
+/// with every vCPU held. A second vCPU reaching the limit before that is
+/// ignored (`plugin_reset_uninstall` returns early while a reset is
+/// pending, and we only ask once).
 unsafe extern "C" fn on_limit(vcpu: c_uint, _data: *mut c_void) {
-    if let Some(p) = PLUGIN.get() {
-        eprintln!(
-            "rustkvm plugin: vCPU {vcpu} reached limit={} instructions: stopping",
-            p.config.limit
-        );
+    let Some(p) = PLUGIN.get() else { return };
+    if LIMIT_VCPU.set(vcpu).is_err() {
+        return;
     }
-    std::process::exit(0);
+    eprintln!(
+        "rustkvm plugin: vCPU {vcpu} reached limit={} instructions: stopping (exit status {})",
+        p.config.limit,
+        crate::LIMIT_EXIT_STATUS
+    );
+    // SAFETY: our own id; called from a vCPU callback, as the API allows.
+    unsafe { sys::qemu_plugin_reset(p.id, Some(stop_at_limit)) };
+}
+
+/// QEMU's reset callback after `limit=`: every vCPU is held out of guest
+/// code (see [`on_limit`]); write the report and exit with
+/// [`crate::LIMIT_EXIT_STATUS`].
+unsafe extern "C" fn stop_at_limit(_id: sys::qemu_plugin_id_t) {
+    let Some(p) = PLUGIN.get() else { return };
+    if REPORTED.swap(true, Ordering::SeqCst) {
+        // The exit callback already ran: QEMU is exiting for another
+        // reason (the guest's own exit); let that finish. Returning is
+        // safe: a reset, unlike an uninstall, leaves the plugin loaded.
+        return;
+    }
+    write_report(p, build_report(p, LIMIT_VCPU.get().copied()));
+    std::process::exit(crate::LIMIT_EXIT_STATUS);
 }
 
 /// `interval=` crossed on `vcpu`: record its counters, restart the interval.
@@ -437,7 +498,7 @@ unsafe extern "C" fn on_interval(vcpu: c_uint, _data: *mut c_void) {
 }
 
 /// The report as the counters stand now.
-fn build_report(p: &Plugin) -> Report {
+fn build_report(p: &Plugin, stopped_at_limit: Option<c_uint>) -> Report {
     // SAFETY: plain plugin API call.
     let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(0) as c_uint;
     let counts: Vec<VcpuCounts> = (0..vcpus).map(|i| read_counts(p, i)).collect();
@@ -458,6 +519,7 @@ fn build_report(p: &Plugin) -> Report {
         vcpus: counts,
         hot,
         intervals: p.intervals.lock().map(|v| v.clone()).unwrap_or_default(),
+        stopped_at_limit,
     }
 }
 
@@ -488,5 +550,8 @@ fn write_report(p: &Plugin, report: Report) {
 /// process ends right after, which releases everything.
 unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
     let Some(p) = PLUGIN.get() else { return };
-    write_report(p, build_report(p));
+    if REPORTED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    write_report(p, build_report(p, None));
 }

@@ -114,6 +114,9 @@ pub struct Report {
     pub hot: Vec<HotBlock>,
     /// Interval records, in the order they were taken.
     pub intervals: Vec<Interval>,
+    /// The vCPU that reached `limit=` when the run was stopped by it (None:
+    /// the run ended otherwise).
+    pub stopped_at_limit: Option<u32>,
 }
 
 fn json_str(s: &str) -> String {
@@ -159,8 +162,12 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let stopped = match self.stopped_at_limit {
+            Some(v) => format!("{{\"reason\": \"limit\", \"vcpu\": {v}}}"),
+            None => "null".to_string(),
+        };
         let mut s = format!(
-            "{{\n  \"schema\": \"rustkvm-plugin/1\",\n  \"target\": {},\n  \"mode\": \"{}\",\n  \"vcpus\": [\n",
+            "{{\n  \"schema\": \"rustkvm-plugin/1\",\n  \"target\": {},\n  \"mode\": \"{}\",\n  \"stopped\": {stopped},\n  \"vcpus\": [\n",
             json_str(&self.target),
             self.mode_name()
         );
@@ -215,9 +222,14 @@ impl Report {
         s
     }
 
-    /// `scope,event,value` rows: `vcpuN`, `total`, `hot:0xADDR`.
+    /// `scope,event,value` rows: `vcpuN`, `total`, `hot:0xADDR`,
+    /// `intervalK:vcpuN`, and `stopped,limit_vcpu,N` when `limit=` stopped
+    /// the run.
     pub fn to_csv(&self) -> String {
         let mut s = String::from("scope,event,value\n");
+        if let Some(v) = self.stopped_at_limit {
+            let _ = writeln!(s, "stopped,limit_vcpu,{v}");
+        }
         for (i, c) in self.vcpus.iter().enumerate() {
             for (k, v) in c.events(self.counters) {
                 let _ = writeln!(s, "vcpu{i},{k},{v}");
@@ -258,6 +270,13 @@ impl Report {
                 let _ = write!(s, " {:>16}", v.events(self.counters)[n].1);
             }
             let _ = writeln!(s, " {value:>16}");
+        }
+        if let Some(v) = self.stopped_at_limit {
+            let _ = writeln!(
+                s,
+                "stopped: vcpu{v} reached limit= (QEMU exits with status {})",
+                crate::LIMIT_EXIT_STATUS
+            );
         }
         if !self.hot.is_empty() {
             let _ = writeln!(s, "hot blocks:");
@@ -316,6 +335,7 @@ mod tests {
                     ..Default::default()
                 },
             }],
+            stopped_at_limit: None,
         }
     }
 
@@ -347,6 +367,7 @@ mod tests {
         let r = report();
         let j = r.to_json();
         assert!(j.contains("\"schema\": \"rustkvm-plugin/1\""), "{j}");
+        assert!(j.contains("\"stopped\": null,"), "{j}");
         assert!(j.contains("{\"vcpu\": 0, \"instructions\": 10, \"branches\": 2, \"mem_access\": 4, \"mem_loads\": 3, \"mem_stores\": 1}"), "{j}");
         assert!(j.contains("\"total\": {\"instructions\": 15,"), "{j}");
         assert!(j.contains("\"disas\": \"mov \\\"x\\\"\""), "escaped: {j}");
@@ -369,6 +390,21 @@ mod tests {
             "{j}"
         );
         assert!(c.contains("interval0:vcpu1,instructions,4\n"), "{c}");
+        let stopped = Report {
+            stopped_at_limit: Some(1),
+            ..r.clone()
+        };
+        let j = stopped.to_json();
+        assert!(
+            j.contains("\"stopped\": {\"reason\": \"limit\", \"vcpu\": 1},"),
+            "{j}"
+        );
+        let c = stopped.to_csv();
+        assert!(
+            c.starts_with("scope,event,value\nstopped,limit_vcpu,1\n"),
+            "{c}"
+        );
+        assert!(stopped.table().contains("vcpu1 reached limit="));
         let empty = Report {
             hot: vec![],
             vcpus: vec![],

@@ -3,7 +3,8 @@
 //! runs a loop whose every instruction, branch, class and memory access is
 //! known) and QEMU's contrib `insn` plugin, in the same process; stock
 //! Debian QEMU 10.0 as well as rustkvm's build; both architectures, two
-//! vCPUs; filters, `limit=`, `interval=`; argument and output-file errors.
+//! vCPUs; filters, `limit=` stopping a two-vCPU guest, `interval=`;
+//! argument and output-file errors.
 //!
 //! Needs `scripts/build-qemu.sh` (rustkvm's QEMU and QEMU's `libinsn.so`),
 //! `scripts/build-guests.sh`, `cargo build -p rustkvm-plugin` and Debian's
@@ -15,6 +16,9 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use rustkvm_tests::{guest, qemu, Arch};
+
+/// QEMU's exit status when `limit=` stopped the run (docs/plugin.md).
+const LIMIT_EXIT_STATUS: i32 = 100;
 
 /// The guest whose loop is the oracle, and its symbol.
 const COUNTED: &str = "plugin-counted";
@@ -372,12 +376,99 @@ fn address_and_symbol_filters_count_only_what_they_select() {
     );
 }
 
+/// `limit=` on a guest whose two vCPUs are both inside the counted loop
+/// when the limit is reached (each finishes its warm-up call before either
+/// starts its long one; `symbol=` counts only the loop): QEMU exits with
+/// the plugin's own status, the report says which vCPU stopped it and where,
+/// and the other plugins in the process (a copy of ours counting
+/// everything, QEMU's `insn`) still write theirs, read with every vCPU
+/// held: the two agree on every vCPU.
 #[test]
-fn limit_stops_qemu_and_intervals_are_recorded() {
-    let (r, stderr) = run_ours("plugin-workload", &["limit=1000000"]);
-    assert!(stderr.contains("reached limit=1000000"), "{stderr}");
-    let n = total(&r[0]);
-    assert!((1_000_000..1_010_000).contains(&n), "stopped at {n}");
+fn limit_stops_every_vcpu_writes_the_report_and_exits_with_its_own_status() {
+    const LIMIT: u64 = 1_000_000;
+    // Blocks of the loop hold at most 6 instructions: the count is below
+    // LIMIT + 6 at the block start where the limit is seen, and that block
+    // is the last one the vCPU runs.
+    const SLACK: u64 = 12;
+    for arch in Arch::ALL {
+        let exe = qemu::emulator(arch).expect("built");
+        let dir = scratch(&format!("limit-{arch}"));
+        let (limited, all) = (dir.join("limited.json"), dir.join("all.json"));
+        let plugins = vec![
+            (
+                copy_of_ours(&dir, "limited"),
+                format!(
+                    "symbol={COUNTED_SYMBOL},counters=all,hot=4,limit={LIMIT},quiet=on,outfile={}",
+                    limited.display()
+                ),
+            ),
+            (
+                copy_of_ours(&dir, "all"),
+                format!("hot=4,quiet=on,outfile={}", all.display()),
+            ),
+            (libinsn(), "inline=on".into()),
+        ];
+        // Long loops (5e7 and 1e8 instructions): the limit comes first.
+        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(10_000_000));
+        let label = format!("{arch} limit={LIMIT}");
+        assert_eq!(
+            run.status,
+            Some(LIMIT_EXIT_STATUS),
+            "{label}: QEMU's exit status\n{}",
+            run.stderr
+        );
+        let r = json(&limited);
+        let v = r["stopped"]["vcpu"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{label}: no stopped vCPU in {r}"));
+        assert_eq!(r["stopped"]["reason"], "limit", "{label}: {r}");
+        assert!(
+            run.stderr
+                .contains(&format!("vCPU {v} reached limit={LIMIT} instructions")),
+            "{label}: {}",
+            run.stderr
+        );
+        let counts: Vec<u64> = (0..2)
+            .map(|k| r["vcpus"][k]["instructions"].as_u64().expect("count"))
+            .collect();
+        assert!(
+            (LIMIT..LIMIT + SLACK).contains(&counts[v as usize]),
+            "{label}: vCPU {v} stopped at {counts:?}"
+        );
+        for (k, c) in counts.iter().enumerate() {
+            assert!(
+                *c >= 5 * WARMUP + 2,
+                "{label}: vCPU {k} ran {c} loop instructions, not even its warm-up call"
+            );
+        }
+        let hot = r["hot_blocks"].as_array().expect("hot blocks");
+        assert!(
+            !hot.is_empty() && hot.iter().all(|b| b["symbol"] == COUNTED_SYMBOL),
+            "{label}: {hot:?}"
+        );
+        let everything = json(&all);
+        assert_eq!(everything["stopped"], Value::Null, "{label}");
+        let ours: Vec<u64> = (0..2)
+            .map(|k| {
+                everything["vcpus"][k]["instructions"]
+                    .as_u64()
+                    .expect("count")
+            })
+            .collect();
+        assert_eq!(
+            ours,
+            insn_counts(&run.stderr, 2),
+            "{label}: every vCPU held while the exit callbacks read"
+        );
+        for k in 0..2 {
+            assert!(ours[k] > counts[k], "{label}: {ours:?} vs {counts:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn intervals_are_recorded() {
     let (r, _) = run_ours("hello", &["interval=1000000"]);
     let marks: Vec<u64> = r[0]["intervals"]
         .as_array()
