@@ -431,15 +431,11 @@ fn arm64_pmu_counts_equal_the_plugins_over_faults_traps_and_interrupts() {
     }
 }
 
-/// Round-robin with 2 x86 vCPUs: QEMU 10.0 itself crashes there as soon as
-/// an inline per-instruction plugin is loaded (SIGSEGV in generated code,
-/// `cpu_tb_exec` from `rr_cpu_thread_fn`), under `-accel tcg` too and in
-/// Debian's stock 10.0.2, with QEMU's `libinsn,inline=on` alone or
-/// rustkvm's plugin alone (exact mode); 1 or 3 vCPUs, `mode=tb`, callback
-/// mode and arm64 do not crash. Not rustkvm's: `rr-smp1` above covers
-/// `thread=single` on x86.
+/// Round-robin with 2 x86 vCPUs: stock QEMU 10.0 crashes there as soon as
+/// an inline per-instruction plugin is loaded (gen_plugin_u64_ptr multiplied
+/// the constant cpu_index of a non-parallel TB in place); rustkvm's build
+/// carries the fix (qemu-patches/0036).
 #[test]
-#[ignore = "QEMU 10.0 SIGSEGVs with an inline per-instruction plugin under x86 thread=single -smp 2 (stock TCG too)"]
 fn x86_pmu_oracle_round_robin_two_vcpus() {
     oracle(Arch::X86_64, RR_SMP2);
 }
