@@ -23,6 +23,7 @@ pub mod counted;
 pub mod cross;
 #[cfg(target_arch = "aarch64")]
 pub mod gic;
+pub mod paging;
 pub mod workload;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_pmu;

@@ -111,9 +111,10 @@ fn bookkeeping(t: &mut Test, pf: u64) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use core::arch::{asm, global_asm};
+    use core::arch::global_asm;
 
     use guest::arch::{self, set_lapic_reg};
+    use guest::paging;
     use guest::x86_pmu::{
         rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL, OS, PMC0, USR,
     };
@@ -299,57 +300,18 @@ oracle_backing: .skip 4096 * ({pages} + 2)
         static oracle_tick: u8;
     }
 
-    /// Map the page tables for `FAULT_VA` (every PTE not present) into the
-    /// boot page tables (identity-mapped, so their addresses are physical).
+    /// Map the page tables for `FAULT_VA` (PDPT entry 4, every PTE not
+    /// present) into the boot page tables.
     fn add_fault_window() {
-        // SAFETY: CR3's PML4 and its PDPT are the boot code's identity-mapped
-        // tables; PDPT entry 4 is unused; the new tables are ours.
+        // SAFETY: the tables are this guest's own statics (4 KiB aligned in
+        // its .bss); PDPT entry 4 is unused.
         unsafe {
-            let cr3: u64;
-            asm!("mov {}, cr3", out(reg) cr3, options(nomem, nostack));
-            let pml4 = (cr3 & !0xfff) as *const u64;
-            let pdpt = (pml4.read_volatile() & 0x000f_ffff_ffff_f000) as *mut u64;
-            let pd = &raw mut oracle_pd;
-            let pt = &raw mut oracle_pt;
-            for e in (*pt).iter_mut() {
-                *e = 0;
-            }
-            (*pd)[0] = pt as u64 | 3;
-            pdpt.add(4).write_volatile(pd as u64 | 3);
-            asm!("mov cr3, {}", in(reg) cr3, options(nostack));
-        }
-    }
-
-    /// Point IDT gate `vector` at `handler`; returns the old gate.
-    fn set_gate(vector: u8, handler: u64) -> [u64; 2] {
-        let mut idtr = [0u8; 10];
-        // SAFETY: SIDT stores 10 bytes; the IDT it names is the runtime's,
-        // 256 gates long, and only this CPU uses it while the gate is ours.
-        unsafe {
-            asm!("sidt [{}]", in(reg) idtr.as_mut_ptr(), options(nostack));
-            let base = u64::from_le_bytes(idtr[2..10].try_into().unwrap_or([0; 8]));
-            let gate = (base as *mut u64).add(2 * usize::from(vector));
-            let old = [gate.read_volatile(), gate.add(1).read_volatile()];
-            let low = (handler & 0xffff)
-                | (0x08 << 16)
-                | (0x8e00 << 32)
-                | ((handler >> 16) & 0xffff) << 48;
-            gate.write_volatile(low);
-            gate.add(1).write_volatile(handler >> 32);
-            old
-        }
-    }
-
-    fn restore_gate(vector: u8, old: [u64; 2]) {
-        let mut idtr = [0u8; 10];
-        // SAFETY: as set_gate.
-        unsafe {
-            asm!("sidt [{}]", in(reg) idtr.as_mut_ptr(), options(nostack));
-            let base = u64::from_le_bytes(idtr[2..10].try_into().unwrap_or([0; 8]));
-            let gate = (base as *mut u64).add(2 * usize::from(vector));
-            gate.write_volatile(old[0]);
-            gate.add(1).write_volatile(old[1]);
-        }
+            paging::add_fault_window(
+                4,
+                (&raw mut oracle_pd).cast::<paging::Table>(),
+                (&raw mut oracle_pt).cast::<paging::Table>(),
+            )
+        };
     }
 
     pub fn main(t: &mut Test) {
@@ -385,7 +347,8 @@ oracle_backing: .skip 4096 * ({pages} + 2)
             (BP_VECTOR, &raw const oracle_bp as u64),
             (TIMER_VECTOR, &raw const oracle_tick as u64),
         ];
-        let saved = gates.map(|(v, h)| (v, set_gate(v, h)));
+        // SAFETY: each handler is this guest's, for that vector.
+        let saved = gates.map(|(v, h)| (v, unsafe { paging::set_gate(v, h) }));
 
         wr(GLOBAL_CTRL, 0);
         wr(FIXED_CTR_CTRL, 0b11); // fixed counter 0: OS and USR
@@ -411,7 +374,7 @@ oracle_backing: .skip 4096 * ({pages} + 2)
         set_lapic_reg(LVT_TIMER, MASKED);
         set_lapic_reg(TMICT, 0);
         for (v, old) in saved {
-            restore_gate(v, old);
+            paging::restore_gate(v, old);
         }
 
         let insns = rd(PMC0);
@@ -437,7 +400,7 @@ mod arm {
     use super::{PAGES, ROUNDS, TICKS};
 
     /// Where the unmapped pages are: level-1 entry 2 (2 GiB), not RAM.
-    const FAULT_VA: u64 = 0x8000_0000;
+    const FAULT_VA: u64 = guest::paging::FAULT_WINDOW;
     /// The virtual timer's PPI.
     const VTIMER_PPI: u32 = 27;
 
@@ -649,48 +612,17 @@ oracle_backing: .skip 4096 * {pages}
         static oracle_vectors: u8;
     }
 
-    /// Turn the MMU on: 0-1 GiB device memory (the board's MMIO), 1-2 GiB
-    /// normal memory (RAM from 0x4000_0000), identity-mapped with 1 GiB
-    /// blocks; 2 GiB onwards through a level-3 table with no valid entry.
+    /// Turn the MMU on with the not-present window at `FAULT_VA`.
     fn mmu_on() {
-        /// Block/table descriptor bits: valid, table, access flag, inner
-        /// shareable, attribute index 1, execute-never (EL1 and EL0).
-        const BLOCK: u64 = 0b01;
-        const TABLE: u64 = 0b11;
-        const AF: u64 = 1 << 10;
-        const ISH: u64 = 3 << 8;
-        const NORMAL: u64 = 1 << 2;
-        const XN: u64 = 3 << 53;
-        // SAFETY: our own tables; the translation registers describe them
-        // before SCTLR_EL1.M turns translation on, and the map is the
-        // identity for everything the guest touches.
+        // SAFETY: the tables are this guest's own statics (4 KiB aligned in
+        // its .bss), live for the whole run; the guest stays below 2 GiB.
         unsafe {
-            let (l1, l2, l3) = (&raw mut oracle_l1, &raw mut oracle_l2, &raw mut oracle_l3);
-            (*l1)[0] = BLOCK | AF | XN;
-            (*l1)[1] = 0x4000_0000 | BLOCK | AF | ISH | NORMAL;
-            (*l1)[2] = l2 as u64 | TABLE;
-            (*l2)[0] = l3 as u64 | TABLE;
-            for e in (*l3).iter_mut() {
-                *e = 0;
-            }
-        }
-        // MAIR: attribute 0 Device-nGnRnE, 1 Normal write-back.
-        write_sysreg!("mair_el1", 0xff << 8);
-        // TCR: T0SZ 25 (39-bit VAs, walks from level 1), write-back
-        // inner/outer, inner shareable, 4 KiB granule, no TTBR1 walks,
-        // 40-bit PAs.
-        write_sysreg!(
-            "tcr_el1",
-            25 | 1 << 8 | 1 << 10 | 3 << 12 | 1 << 23 | 2 << 32
-        );
-        write_sysreg!("ttbr0_el1", (&raw const oracle_l1) as u64);
-        // SAFETY: barrier and TLB invalidation only.
-        unsafe { core::arch::asm!("dsb ish", "tlbi vmalle1", "dsb ish", "isb") };
-        // SCTLR_EL1: M, C, I.
-        write_sysreg!(
-            "sctlr_el1",
-            read_sysreg!("sctlr_el1") | 1 | 1 << 2 | 1 << 12
-        );
+            guest::paging::mmu_on(
+                (&raw mut oracle_l1).cast::<guest::paging::Table>(),
+                (&raw mut oracle_l2).cast::<guest::paging::Table>(),
+                (&raw mut oracle_l3).cast::<guest::paging::Table>(),
+            )
+        };
     }
 
     pub fn main(t: &mut Test) {

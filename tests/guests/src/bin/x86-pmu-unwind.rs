@@ -37,9 +37,10 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use core::arch::{asm, global_asm};
+    use core::arch::global_asm;
 
     use guest::arch::{self, set_lapic_reg};
+    use guest::paging;
     use guest::x86_pmu::{rd, wr, EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_STATUS, INT, OS, PMC0, USR};
     use guest::Test;
 
@@ -206,59 +207,17 @@ unwind_backing: .skip 4096
         unsafe { p.read_volatile() }
     }
 
-    /// Map `FAULT_VA`'s page table (its one PTE not present) into the boot
-    /// page tables, and tell the #PF handler which PTE makes it present.
+    /// Map `FAULT_VA`'s page table (PDPT entry 5, its PTEs not present)
+    /// into the boot page tables, and tell the #PF handler which PTE makes
+    /// the page present.
     fn add_fault_window() {
-        // SAFETY: CR3's PML4 and its PDPT are the boot code's identity-mapped
-        // tables; PDPT entry 5 is unused; the new tables are ours.
+        let pt = (&raw mut unwind_pt).cast::<paging::Table>();
+        // SAFETY: the tables are this guest's own statics (4 KiB aligned in
+        // its .bss); PDPT entry 5 is unused; the words are the handler's.
         unsafe {
-            let cr3: u64;
-            asm!("mov {}, cr3", out(reg) cr3, options(nomem, nostack));
-            let pml4 = (cr3 & !0xfff) as *const u64;
-            let pdpt = (pml4.read_volatile() & 0x000f_ffff_ffff_f000) as *mut u64;
-            let pd = &raw mut unwind_pd;
-            let pt = &raw mut unwind_pt;
-            for e in (*pt).iter_mut() {
-                *e = 0;
-            }
-            (*pd)[0] = pt as u64 | 3;
-            pdpt.add(5).write_volatile(pd as u64 | 3);
+            paging::add_fault_window(5, (&raw mut unwind_pd).cast::<paging::Table>(), pt);
             (&raw mut unwind_pte_addr).write_volatile(pt as u64);
             (&raw mut unwind_pte_val).write_volatile(&raw const unwind_backing as u64 | 3);
-            asm!("mov cr3, {}", in(reg) cr3, options(nostack));
-        }
-    }
-
-    /// Point IDT gate `vector` at `handler`; returns the old gate.
-    fn set_gate(vector: u8, handler: u64) -> [u64; 2] {
-        let mut idtr = [0u8; 10];
-        // SAFETY: SIDT stores 10 bytes; the IDT it names is the runtime's,
-        // 256 gates long, and only this CPU uses it.
-        unsafe {
-            asm!("sidt [{}]", in(reg) idtr.as_mut_ptr(), options(nostack));
-            let base = u64::from_le_bytes(idtr[2..10].try_into().unwrap_or([0; 8]));
-            let gate = (base as *mut u64).add(2 * usize::from(vector));
-            let old = [gate.read_volatile(), gate.add(1).read_volatile()];
-            let low = (handler & 0xffff)
-                | (0x08 << 16)
-                | (0x8e00 << 32)
-                | ((handler >> 16) & 0xffff) << 48;
-            gate.write_volatile(low);
-            gate.add(1).write_volatile(handler >> 32);
-            old
-        }
-    }
-
-    /// Put back a gate [`set_gate`] replaced.
-    fn restore_gate(vector: u8, old: [u64; 2]) {
-        let mut idtr = [0u8; 10];
-        // SAFETY: as set_gate.
-        unsafe {
-            asm!("sidt [{}]", in(reg) idtr.as_mut_ptr(), options(nostack));
-            let base = u64::from_le_bytes(idtr[2..10].try_into().unwrap_or([0; 8]));
-            let gate = (base as *mut u64).add(2 * usize::from(vector));
-            gate.write_volatile(old[0]);
-            gate.add(1).write_volatile(old[1]);
         }
     }
 
@@ -275,8 +234,13 @@ unwind_backing: .skip 4096
             return;
         }
         add_fault_window();
-        let old_pf = set_gate(PF_VECTOR, &raw const unwind_pf as u64);
-        let old_pmi = set_gate(PMI_VECTOR, &raw const unwind_pmi as u64);
+        // SAFETY: the handlers are this guest's, for these vectors.
+        let (old_pf, old_pmi) = unsafe {
+            (
+                paging::set_gate(PF_VECTOR, &raw const unwind_pf as u64),
+                paging::set_gate(PMI_VECTOR, &raw const unwind_pmi as u64),
+            )
+        };
         // Only the PMI interrupts (the 8259s and LINT0 masked).
         arch::outb(0x21, 0xff);
         arch::outb(0xa1, 0xff);
@@ -326,7 +290,7 @@ unwind_backing: .skip 4096
         // The enabling WRMSR, MOV, MOV, VMCALL, 20 NOPs, MOV, XOR, XOR.
         t.eq("count-across-yield", rd(PMC0), 27);
 
-        restore_gate(PF_VECTOR, old_pf);
-        restore_gate(PMI_VECTOR, old_pmi);
+        paging::restore_gate(PF_VECTOR, old_pf);
+        paging::restore_gate(PMI_VECTOR, old_pmi);
     }
 }
