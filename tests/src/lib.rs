@@ -14,6 +14,7 @@
 pub mod guest;
 pub mod host;
 pub mod linux;
+pub mod migrate;
 pub mod qemu;
 pub mod report;
 pub mod run;

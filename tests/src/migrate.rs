@@ -1,0 +1,237 @@
+//! Moving a running guest to another QEMU: live migration to a file, or
+//! HMP `savevm`/`-loadvm` on a qcow2 image, between any two (emulator,
+//! backend) pairs — rustkvm to rustkvm, rustkvm to a QEMU without rustkvm,
+//! stock TCG to rustkvm.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::guest::GuestTest;
+use crate::qemu::{self, Arch, Backend, Variant};
+use crate::run::{self, Outcome};
+use crate::HarnessError;
+
+/// One side of the move: which QEMU binary, running which backend.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The emulator.
+    pub exe: PathBuf,
+    /// `-accel` as the runner spells it for this backend.
+    pub backend: Backend,
+}
+
+impl Endpoint {
+    /// rustkvm's own build of QEMU for `arch`, running `backend`.
+    pub fn ours(arch: Arch, backend: Backend) -> Result<Self, HarnessError> {
+        Ok(Endpoint {
+            exe: qemu::emulator(arch)?,
+            backend,
+        })
+    }
+}
+
+/// How the state travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// `migrate "exec:cat > FILE"` from a running VM, `-incoming` on the
+    /// other side.
+    Live,
+    /// HMP `savevm` into a qcow2 image, `-loadvm` on the other side.
+    SaveVm,
+}
+
+/// What the destination did with the state.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The destination's exit code (None: killed at the time limit).
+    pub code: Option<i32>,
+    /// The guest's run on the destination, judged as any run (closing
+    /// summary required).
+    pub outcome: Outcome,
+}
+
+/// Send one HMP command and read up to the next prompt.
+pub fn hmp(sock: &mut UnixStream, cmd: &str) -> String {
+    let _ = sock.write_all(format!("{cmd}\n").as_bytes());
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&out).contains("(qemu) ") {
+        match sock.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> HarnessError {
+    move |source| HarnessError::Io { what, source }
+}
+
+/// Boot `test` on `src` with a monitor, wait for the guest's `ready` line,
+/// move the VM by `how`, resume it on `dst` and let the guest finish there.
+/// Both sides get the same machine; only the emulator and `-accel` differ.
+pub fn move_midway(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    src: &Endpoint,
+    dst: &Endpoint,
+    how: Transfer,
+) -> Result<Resumed, HarnessError> {
+    let dir = std::env::temp_dir().join(format!(
+        "rustkvm-move-{}-{}-{:?}",
+        std::process::id(),
+        test.name,
+        how
+    ));
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let result = move_in(test, arch, variant, src, dst, how, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn move_in(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    src: &Endpoint,
+    dst: &Endpoint,
+    how: Transfer,
+    dir: &Path,
+) -> Result<Resumed, HarnessError> {
+    let (sock_path, state, disk) = (
+        dir.join("mon.sock"),
+        dir.join("state"),
+        dir.join("disk.qcow2"),
+    );
+    let args = |backend| {
+        let mut a = qemu::command_args(
+            arch,
+            backend,
+            variant,
+            test.smp,
+            test.cpu.as_deref(),
+            &test.binary(arch),
+        );
+        if how == Transfer::SaveVm {
+            a.extend([
+                "-drive".to_string(),
+                format!("if=none,id=snap,format=qcow2,file={}", disk.display()),
+            ]);
+        }
+        a
+    };
+    if how == Transfer::SaveVm {
+        let made = Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&disk)
+            .arg("16M")
+            .status()
+            .map_err(io("running qemu-img (Debian's qemu-utils)".into()))?;
+        if !made.success() {
+            return Err(HarnessError::Usage(format!(
+                "qemu-img create failed: {made}"
+            )));
+        }
+    }
+
+    // Source: run until the guest is ready, then move the VM.
+    let mut source = Command::new(&src.exe)
+        .args(args(src.backend))
+        .args([
+            "-monitor",
+            &format!("unix:{},server=on,wait=off", sock_path.display()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(io(format!("starting {}", src.exe.display())))?;
+    // Everything the source's guest prints up to the move belongs to the
+    // run (the destination goes on from there).
+    let source_out = run::Capture::spawn(source.stdout.take());
+    let deadline = Instant::now() + test.timeout.max(Duration::from_secs(30));
+    while !source_out
+        .snapshot()
+        .lines()
+        .any(|l| l.trim_end() == "ready")
+    {
+        if Instant::now() >= deadline || matches!(source.try_wait(), Ok(Some(_))) {
+            let _ = source.kill();
+            let _ = source.wait();
+            return Err(HarnessError::Usage(format!(
+                "{}: the guest never printed ready on the source:\n{}",
+                test.name,
+                source_out.finish()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut mon = UnixStream::connect(&sock_path).map_err(io("monitor".into()))?;
+    hmp(&mut mon, "");
+    let out = match how {
+        // A live migration: a VM stopped first would stay stopped on arrival.
+        Transfer::Live => hmp(
+            &mut mon,
+            &format!("migrate \"exec:cat > {}\"", state.display()),
+        ),
+        // Stopped first, so the source's guest prints nothing after the
+        // snapshot that the destination prints again.
+        Transfer::SaveVm => {
+            hmp(&mut mon, "stop");
+            hmp(&mut mon, "savevm mid")
+        }
+    };
+    let _ = hmp(&mut mon, "quit");
+    let _ = source.wait();
+    let before = source_out.finish();
+    if out.contains("rror") {
+        return Err(HarnessError::Usage(format!("moving {}: {out}", test.name)));
+    }
+
+    // Destination: resume and let the guest finish its checks.
+    let mut dst_args = args(dst.backend);
+    match how {
+        Transfer::Live => dst_args.extend([
+            "-incoming".to_string(),
+            format!("exec:cat {}", state.display()),
+        ]),
+        Transfer::SaveVm => dst_args.extend(["-loadvm".to_string(), "mid".to_string()]),
+    }
+    let timeout = test.timeout.max(Duration::from_secs(30));
+    let start = Instant::now();
+    let mut child = Command::new(&dst.exe)
+        .args(&dst_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io(format!("starting {}", dst.exe.display())))?;
+    let out = run::Capture::spawn(child.stdout.take());
+    let err = run::Capture::spawn(child.stderr.take());
+    let (code, timed_out) = loop {
+        if let Some(status) = child.try_wait().map_err(io("waiting".into()))? {
+            break (status.code(), false);
+        }
+        if start.elapsed() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break (None, true);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let outcome = run::judge(
+        arch,
+        code,
+        timed_out,
+        timeout,
+        before + &out.finish(),
+        err.finish(),
+        start.elapsed(),
+    );
+    Ok(Resumed { code, outcome })
+}
