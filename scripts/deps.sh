@@ -29,7 +29,7 @@ PKGS=(
     python3 python3-venv python3-pip python3-setuptools python3-wheel
     libglib2.0-dev libpixman-1-dev libslirp-dev libfdt-dev libcapstone-dev
     zlib1g-dev libzstd-dev dpkg-dev xz-utils rsync libclang-dev
-    seabios qemu-system-data ipxe-qemu qemu-efi-aarch64
+    seabios qemu-system-data ipxe-qemu qemu-efi-aarch64 qemu-utils
     gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu
 )
 missing=()
