@@ -57,6 +57,12 @@ typedef struct RustkvmHostOps {
     /** Write len bytes of guest RAM at gpa; false, nothing written, unless all writable RAM. */
     bool (*ram_write)(uint64_t gpa, const void *buf, uint64_t len);
     /**
+     * Store `value` (`size` 4 or 8 bytes, little-endian) at `gpa` with one
+     * single-copy-atomic store; false, nothing written, unless `gpa` is
+     * aligned to `size` and the bytes are writable RAM.
+     */
+    bool (*ram_store)(uint64_t gpa, uint64_t value, uint32_t size);
+    /**
      * x86: send an IPI to the vCPU with `apic_id` (physical destination);
      * `icr` holds the ICR's vector, delivery mode, level and trigger mode.
      * False if there is no such vCPU.

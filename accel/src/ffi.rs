@@ -163,6 +163,20 @@ impl GuestMemory for HostMemory {
             None => false,
         }
     }
+    fn store_u32(&self, gpa: u64, value: u32) -> bool {
+        match self.0.ram_store {
+            // SAFETY: a plain C function of QEMU's taking integers.
+            Some(f) => unsafe { f(gpa, u64::from(value), 4) },
+            None => false,
+        }
+    }
+    fn store_u64(&self, gpa: u64, value: u64) -> bool {
+        match self.0.ram_store {
+            // SAFETY: as above.
+            Some(f) => unsafe { f(gpa, value, 8) },
+            None => false,
+        }
+    }
     fn write(&self, gpa: u64, buf: &[u8]) -> bool {
         match self.0.ram_write {
             // SAFETY: buf is valid for buf.len() bytes; QEMU only reads it.
@@ -1009,6 +1023,7 @@ mod tests {
             let no_ops = header::RustkvmHostOps {
                 ram_read: None,
                 ram_write: None,
+                ram_store: None,
                 thread_attach: None,
                 thread_detach: None,
                 send_ipi: None,

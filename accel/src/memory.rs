@@ -6,8 +6,27 @@
 pub trait GuestMemory {
     /// Read `buf.len()` bytes at `gpa`.
     fn read(&self, gpa: u64, buf: &mut [u8]) -> bool;
-    /// Write `buf` at `gpa`.
+    /// Write `buf` at `gpa` (no atomicity: bytes may land in any order).
     fn write(&self, gpa: u64, buf: &[u8]) -> bool;
+    /// Store `value` (little-endian) at `gpa` as one single-copy-atomic
+    /// 4-byte store, as KVM's `put_user` of a `u32` field: a guest reading
+    /// the field with one load sees the old value or the new one, never a
+    /// mix. False, nothing written, unless `gpa` is 4-byte aligned and the
+    /// 4 bytes are writable RAM.
+    fn store_u32(&self, gpa: u64, value: u32) -> bool;
+    /// As [`GuestMemory::store_u32`], 8 bytes, `gpa` 8-byte aligned.
+    fn store_u64(&self, gpa: u64, value: u64) -> bool;
+}
+
+/// Order the guest-RAM stores before it ahead of those after it, for a
+/// guest that reads them on another CPU under a version protocol: KVM's
+/// `smp_wmb()` between a PV structure's version and its data
+/// (`record_steal_time`, `kvm_setup_guest_pvclock`). A release fence: a
+/// compiler barrier on x86 (stores are not reordered with stores), a `dmb`
+/// on arm64 hosts. The stores themselves are calls into QEMU, which the
+/// compiler does not reorder either.
+pub fn write_barrier() {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
 }
 
 /// Interrupt delivery to other vCPUs.
@@ -69,6 +88,12 @@ impl GuestMemory for NoMemory {
     fn write(&self, _gpa: u64, _buf: &[u8]) -> bool {
         false
     }
+    fn store_u32(&self, _gpa: u64, _value: u32) -> bool {
+        false
+    }
+    fn store_u64(&self, _gpa: u64, _value: u64) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +117,8 @@ pub mod tests {
         attached_names: Mutex<Vec<String>>,
         /// Writes from a spawned thread that had not attached.
         unattached_writes: AtomicU64,
+        /// (gpa, size) of every single-copy-atomic store, in order.
+        stores: Mutex<Vec<(u64, usize)>>,
     }
 
     impl FakeRam {
@@ -104,6 +131,7 @@ pub mod tests {
                 attached: Mutex::new(Vec::new()),
                 attached_names: Mutex::new(Vec::new()),
                 unattached_writes: AtomicU64::new(0),
+                stores: Mutex::new(Vec::new()),
             }
         }
         /// Zeroed RAM whose VM clock (`Timers::virtual_ns`) is `clock`.
@@ -117,6 +145,10 @@ pub mod tests {
         /// stand-in in a test) that had not called `thread_attach`.
         pub fn unattached_writes(&self) -> u64 {
             self.unattached_writes.load(Ordering::SeqCst)
+        }
+        /// (gpa, size) of the single-copy-atomic stores so far, in order.
+        pub fn atomic_stores(&self) -> Vec<(u64, usize)> {
+            self.stores.lock().clone()
         }
         /// Names of the threads that ever attached.
         pub fn attached_names(&self) -> Vec<String> {
@@ -209,6 +241,25 @@ pub mod tests {
         fn write(&self, gpa: u64, buf: &[u8]) -> bool {
             (**self).write(gpa, buf)
         }
+        fn store_u32(&self, gpa: u64, value: u32) -> bool {
+            (**self).store_u32(gpa, value)
+        }
+        fn store_u64(&self, gpa: u64, value: u64) -> bool {
+            (**self).store_u64(gpa, value)
+        }
+    }
+
+    impl FakeRam {
+        /// A store of `bytes` as one unit: aligned, inside RAM; logged as
+        /// a write and as an atomic store.
+        fn store(&self, gpa: u64, bytes: &[u8]) -> bool {
+            let size = bytes.len();
+            if gpa % size as u64 != 0 || !self.write(gpa, bytes) {
+                return false;
+            }
+            self.stores.lock().push((gpa, size));
+            true
+        }
     }
 
     impl GuestMemory for FakeRam {
@@ -240,6 +291,12 @@ pub mod tests {
                 self.unattached_writes.fetch_add(1, Ordering::SeqCst);
             }
             true
+        }
+        fn store_u32(&self, gpa: u64, value: u32) -> bool {
+            self.store(gpa, &value.to_le_bytes())
+        }
+        fn store_u64(&self, gpa: u64, value: u64) -> bool {
+            self.store(gpa, &value.to_le_bytes())
         }
     }
 }

@@ -124,9 +124,11 @@ impl PvTime {
         let at = self.base + layout::STOLEN_TIME;
         let mut old = [0u8; 8];
         if mem.read(at, &mut old) {
-            // One 8-byte write: the guest reads it with a single load.
+            // One single-copy-atomic 8-byte store: there is no version, the
+            // guest reads it with one load (READ_ONCE in pvclock_steal_time),
+            // as KVM's `kvm_update_stolen_time` updates it.
             let new = u64::from_le_bytes(old).wrapping_add(steal);
-            let _ = mem.write(at, &new.to_le_bytes());
+            let _ = mem.store_u64(at, new);
         }
     }
 
@@ -201,6 +203,10 @@ mod tests {
         p.enter(&ram, mm, 2, 1_900);
         assert_eq!(stolen(&ram), 900, "the entry adds only what is new");
         assert_eq!(ram.writes_outside(BASE, layout::SIZE), 0);
+        // No version protocol: each update is one single-copy-atomic
+        // 8-byte store (the guest's READ_ONCE sees old or new).
+        let at = BASE + layout::STOLEN_TIME;
+        assert_eq!(ram.atomic_stores(), vec![(at, 8), (at, 8)]);
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! writes IA32_TSC or IA32_TSC_ADJUST: the TSCs stay synchronised unless the
 //! guest desynchronises them, as under KVM.
 
-use crate::memory::GuestMemory;
+use crate::memory::{write_barrier, GuestMemory};
+
+/// x86's page size: KVM maps a PV structure within one page.
+pub const PAGE_SIZE: u64 = 4096;
 
 /// IA32_TIME_STAMP_COUNTER.
 pub const MSR_IA32_TSC: u32 = 0x10;
@@ -226,25 +229,29 @@ impl X86Clock {
             return;
         }
         let gpa = self.system_time_msr & !1;
+        // KVM's gfn_to_pfn_cache maps the structure within one page: one
+        // that crosses a page is accepted by the MSR and never written
+        // (kvm_gpc_activate fails, kvm_setup_guest_pvclock gives up).
+        if gpa % PAGE_SIZE + pvti::SIZE > PAGE_SIZE {
+            return;
+        }
         let mut old = [0u8; pvti::SIZE as usize];
         if !mem.read(gpa, &mut old) {
             return;
         }
         let version = (u32::from_le_bytes([old[0], old[1], old[2], old[3]]).wrapping_add(1)) | 1;
-        if !mem.write(gpa + pvti::VERSION, &version.to_le_bytes()) {
+        if !mem.store_u32(gpa + pvti::VERSION, version) {
             return;
         }
+        write_barrier();
         let (shift, mul) = rate.pvclock_scale();
-        let mut body = [0u8; (pvti::SIZE - pvti::TSC_TIMESTAMP) as usize];
-        let at = |o: u64| (o - pvti::TSC_TIMESTAMP) as usize;
-        body[at(pvti::TSC_TIMESTAMP)..at(pvti::TSC_TIMESTAMP) + 8]
-            .copy_from_slice(&self.tsc_offset.to_le_bytes());
-        body[at(pvti::SYSTEM_TIME)..at(pvti::SYSTEM_TIME) + 8].copy_from_slice(&0u64.to_le_bytes());
-        body[at(pvti::MUL)..at(pvti::MUL) + 4].copy_from_slice(&mul.to_le_bytes());
-        body[at(pvti::SHIFT)] = shift as u8;
-        body[at(pvti::FLAGS)] = if stable { PVCLOCK_TSC_STABLE_BIT } else { 0 };
-        let _ = mem.write(gpa + pvti::TSC_TIMESTAMP, &body);
-        let _ = mem.write(gpa + pvti::VERSION, &version.wrapping_add(1).to_le_bytes());
+        let _ = mem.store_u64(gpa + pvti::TSC_TIMESTAMP, self.tsc_offset);
+        let _ = mem.store_u64(gpa + pvti::SYSTEM_TIME, 0);
+        let _ = mem.store_u32(gpa + pvti::MUL, mul);
+        let flags = if stable { PVCLOCK_TSC_STABLE_BIT } else { 0 };
+        let _ = mem.write(gpa + pvti::SHIFT, &[shift as u8, flags]);
+        write_barrier();
+        let _ = mem.store_u32(gpa + pvti::VERSION, version.wrapping_add(1));
     }
 
     /// LVT timer register written with `lvt`: a mode change disarms the
@@ -328,14 +335,20 @@ pub fn write_wall_clock(mem: &dyn GuestMemory, gpa: u64, now_ns: u64, realtime_n
         version = version.wrapping_add(1); // first write: random junk
     }
     version = version.wrapping_add(1);
+    // KVM writes the version, the body and the version again with
+    // kvm_write_guest (no barrier needed between its copies there: one
+    // thread, and the guest reads the wall clock once at boot); ours are
+    // ordered all the same.
     if !mem.write(gpa + wall::VERSION, &version.to_le_bytes()) {
         return;
     }
+    write_barrier();
     let boot = realtime_ns.saturating_sub(now_ns);
     let sec = (boot / 1_000_000_000) as u32; // overflows in 2106, as KVM's
     let nsec = (boot % 1_000_000_000) as u32;
     let _ = mem.write(gpa + wall::SEC, &sec.to_le_bytes());
     let _ = mem.write(gpa + wall::NSEC, &nsec.to_le_bytes());
+    write_barrier();
     let _ = mem.write(gpa + wall::VERSION, &version.wrapping_add(1).to_le_bytes());
 }
 
@@ -390,6 +403,45 @@ mod tests {
         let adj = c.tsc_adjust;
         c.restore_tsc(r, 5_000, 42);
         assert_eq!((c.tsc(r, 5_000), c.tsc_adjust), (42, adj));
+    }
+
+    #[test]
+    fn pvclock_fields_are_atomic_stores_between_the_versions() {
+        let ram = FakeRam::new(0x3000);
+        let r = TscRate::default();
+        let c = X86Clock {
+            system_time_msr: 0x1000 | 1,
+            ..Default::default()
+        };
+        c.write_pvclock(&ram, r, true);
+        let at = |o: u64| 0x1000 + o;
+        assert_eq!(
+            ram.atomic_stores(),
+            vec![
+                (at(pvti::VERSION), 4),
+                (at(pvti::TSC_TIMESTAMP), 8),
+                (at(pvti::SYSTEM_TIME), 8),
+                (at(pvti::MUL), 4),
+                (at(pvti::VERSION), 4),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pvclock_crossing_a_page_is_never_written_as_kvms_page_cache() {
+        let ram = FakeRam::new(0x3000);
+        let r = TscRate::default();
+        // 32 bytes from 0x1ff0 cross into the next page; 0x1fe0 just fits.
+        for (gpa, written) in [(0x1ff0u64, false), (0x1fe8, false), (0x1fe0, true)] {
+            let skip = ram.write_count();
+            let c = X86Clock {
+                system_time_msr: gpa | 1,
+                ..Default::default()
+            };
+            assert!(c.kvmclock_enabled(), "the MSR takes it");
+            c.write_pvclock(&ram, r, true);
+            assert_eq!(ram.write_count() > skip, written, "{gpa:#x}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! it while the vCPU's thread waits on the host run queue. A halt is
 //! voluntary and sets nothing.
 
-use crate::memory::GuestMemory;
+use crate::memory::{write_barrier, GuestMemory};
 use crate::steal::StealClock;
 pub use crate::steal::Threading;
 use crate::x86::X86Error;
@@ -189,17 +189,15 @@ impl StealTime {
             // First write: the guest left junk (KVM's comment).
             version = version.wrapping_add(1);
         }
-        let _ = mem.write(
-            gpa + layout::VERSION,
-            &version.wrapping_add(1).to_le_bytes(),
-        );
+        // KVM's order: version odd, smp_wmb(), steal, smp_wmb(), version
+        // even; each field one single-copy-atomic store.
+        let _ = mem.store_u32(gpa + layout::VERSION, version.wrapping_add(1));
+        write_barrier();
         let steal = u64::from_le_bytes(st[0..8].try_into().unwrap_or_default())
             .wrapping_add(self.clock.take());
-        let _ = mem.write(gpa + layout::STEAL, &steal.to_le_bytes());
-        let _ = mem.write(
-            gpa + layout::VERSION,
-            &version.wrapping_add(2).to_le_bytes(),
-        );
+        let _ = mem.store_u64(gpa + layout::STEAL, steal);
+        write_barrier();
+        let _ = mem.store_u32(gpa + layout::VERSION, version.wrapping_add(2));
     }
 }
 
@@ -266,6 +264,18 @@ mod tests {
             .version_history(GPA + layout::VERSION)
             .iter()
             .any(|v| v % 2 == 1));
+    }
+
+    #[test]
+    fn version_and_steal_are_each_one_atomic_store_in_kvms_order() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 10, 1_000);
+        let (v, s) = (GPA + layout::VERSION, GPA + layout::STEAL);
+        // record_steal_time: version odd, steal, version even — the guest
+        // reads `steal` (8 bytes) and `version` (4) each with one load.
+        assert_eq!(ram.atomic_stores(), vec![(v, 4), (s, 8), (v, 4)]);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! 0x40000001 advertises it and vCPU 0 does not use the legacy MSR; the clock read as Linux reads it never goes
 //! backwards, on one vCPU over many reads, across a TSC write, or from one
 //! vCPU to the other; a structure address outside RAM is accepted (no #GP,
-//! as KVM). `wall.unix-s` is the guest's wall-clock time, which the host
+//! as KVM), and so is one whose 32 bytes cross a page, which KVM's
+//! page-sized cache then never writes. `wall.unix-s` is the guest's wall-clock time, which the host
 //! test compares with its own. SKIPs without kvmclock (plain TCG).
 #![no_std]
 #![no_main]
@@ -243,4 +244,34 @@ fn main(t: &mut Test) {
         arch::rdmsr(MSR_SYSTEM_TIME),
         Ok(0xf_0000_0001),
     );
+
+    // 32 bytes that cross a page: the MSR takes them, and (KVM's
+    // gfn_to_pfn_cache maps one page) nothing is ever written there.
+    let cross = (&raw const CROSS_PAGE) as u64 + 4096 - 16;
+    t.eq(
+        "cross-page-accepted",
+        arch::wrmsr(MSR_SYSTEM_TIME, cross | 1),
+        Ok(()),
+    );
+    // A few exits, each an entry at which a pending update would land.
+    for _ in 0..100 {
+        arch::outb(0x80, 0);
+    }
+    // SAFETY: our own static, read with volatile loads.
+    let untouched =
+        (0..8192).all(|i| unsafe { (&raw const CROSS_PAGE.0[i]).read_volatile() } == 0xa5);
+    t.check(
+        "cross-page-never-written",
+        untouched,
+        format_args!("bytes around {cross:#x} changed"),
+    );
+    let _ = arch::wrmsr(MSR_SYSTEM_TIME, 0);
 }
+
+/// Two pages the guest fills with 0xa5 and points kvmclock across.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(4096))]
+struct TwoPages([u8; 8192]);
+
+#[cfg(target_arch = "x86_64")]
+static mut CROSS_PAGE: TwoPages = TwoPages([0xa5; 8192]);
