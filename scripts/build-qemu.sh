@@ -19,7 +19,14 @@ bash "$RUSTKVM_ROOT/scripts/deps.sh"
 QDIR="$RUSTKVM_CACHE/qemu"
 QSRC="$QDIR/src"
 # RUSTKVM_QEMU_BUILD: another build directory (scripts/bench-build.sh uses one).
-QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
+# RUSTKVM_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer build
+# (QEMU's --enable-asan --enable-ubsan) in its own directory, qemu/build-san
+# (scripts/sanitize.sh; scripts/qemu-path finds it under the same variable).
+if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
+    QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build-san}"
+else
+    QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
+fi
 mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
 export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
 export CCACHE_MAXSIZE=5G
@@ -97,6 +104,9 @@ CONFIGURE_ARGS=(
     --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu
     "-Drustkvm_lib=$lib_dst"
 )
+if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
+    CONFIGURE_ARGS+=(--enable-asan --enable-ubsan)
+fi
 cfgkey=$(printf '%s\n' "$ver" "${CONFIGURE_ARGS[@]}" | sha256sum | cut -d' ' -f1)
 step "configure QEMU"
 if [ ! -f "$QBUILD/build.ninja" ] || [ "$(cat "$QBUILD/configure.key" 2>/dev/null)" != "$cfgkey" ]; then

@@ -203,7 +203,7 @@ pub fn run_with(
             });
         }
     }
-    let timeout = opts.timeout.unwrap_or(test.timeout);
+    let timeout = opts.timeout.unwrap_or(test.timeout) * timeout_scale();
     let kernel = test.binary(arch);
     if !kernel.exists() {
         return Err(HarnessError::NotBuilt(kernel, "scripts/build-guests.sh"));
@@ -286,6 +286,18 @@ pub fn run_with(
         backend,
         outcome,
     })
+}
+
+/// `RUSTKVM_TIMEOUT_SCALE`: a whole factor for every guest's time limit
+/// (default 1), for slow emulators such as the sanitizer build
+/// (`scripts/sanitize.sh` sets 4). A limit only catches a hung guest; no
+/// verdict depends on how fast a guest ran.
+pub fn timeout_scale() -> u32 {
+    std::env::var("RUSTKVM_TIMEOUT_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|s| (1..=100).contains(s))
+        .unwrap_or(1)
 }
 
 /// Why the `kvm` backend does not boot `test` on `arch` here, if it does not:

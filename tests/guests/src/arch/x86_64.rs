@@ -90,6 +90,16 @@ start64:
     mov %ax, %fs
     mov %ax, %gs
     mov $__stack_top, %rsp
+    /*
+     * Mask both 8259 PICs. Left as firmware-less reset leaves them, their
+     * IRQs (the PIT's IRQ 0 first, whenever enough virtual time passes)
+     * reach the CPU through LINT0's virtual wire at vectors 8-15, which
+     * are exceptions: a guest that enables interrupts took a "double
+     * fault" when the host was slow. Guests use the local APIC.
+     */
+    mov $0xff, %al
+    outb %al, $0x21
+    outb %al, $0xa1
     call guest_init_idt
     call guest_main
 3:  hlt

@@ -358,11 +358,8 @@ oracle_backing: .skip 4096 * ({pages} + 2)
         wr(EVTSEL0, INSNS | USR | OS | EN);
         wr(EVTSEL0 + 1, BRANCHES | USR | OS | EN);
 
-        // Only the LAPIC timer interrupts: the 8259s (whose IRQ 0, the PIT,
-        // would arrive as vector 8 through LINT0's virtual wire) and LINT0
-        // masked.
-        arch::outb(0x21, 0xff);
-        arch::outb(0xa1, 0xff);
+        // Only the LAPIC timer interrupts: LINT0 masked (the runtime masked
+        // the 8259s, whose IRQ 0 would arrive as vector 8 through it).
         set_lapic_reg(SVR, 0x1ff);
         set_lapic_reg(LVT_LINT0, MASKED);
         set_lapic_reg(TDCR, 0xb);

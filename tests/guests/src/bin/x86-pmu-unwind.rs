@@ -241,9 +241,7 @@ unwind_backing: .skip 4096
                 paging::set_gate(PMI_VECTOR, &raw const unwind_pmi as u64),
             )
         };
-        // Only the PMI interrupts (the 8259s and LINT0 masked).
-        arch::outb(0x21, 0xff);
-        arch::outb(0xa1, 0xff);
+        // Only the PMI interrupts (the runtime masked the 8259s; LINT0 too).
         set_lapic_reg(SVR, 0x1ff);
         set_lapic_reg(LVT_LINT0, MASKED);
         set_lapic_reg(LVTPC, u32::from(PMI_VECTOR));

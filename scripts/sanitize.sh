@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# QEMU with AddressSanitizer and UndefinedBehaviorSanitizer (QEMU's own
+# --enable-asan --enable-ubsan, in its own build directory qemu/build-san),
+# then the bundled-guest matrix and the Linux guests under it. Any sanitizer
+# report fails the run; so does a guest that does not pass (the time limits
+# are 4 times the usual ones: sanitized code is slower).
+#
+#   scripts/sanitize.sh            build what is needed, run both, summarise
+#
+# Not part of scripts/test.sh: a cold sanitizer build takes longer than CI
+# allows with the rest. The last result is in docs/testing.md.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+export RUSTKVM_SANITIZE=1 RUSTKVM_TIMEOUT_SCALE=4
+bash "$RUSTKVM_ROOT/scripts/build-qemu.sh"
+bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
+bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh"
+cd "$RUSTKVM_ROOT"
+cargo build --release --quiet -p rustkvm-tests --bin rustkvm-run --bin rustkvm-linux \
+    || die "building the runners failed"
+
+logs="$RUSTKVM_CACHE/sanitize"
+rm -rf "$logs"
+mkdir -p "$logs"
+# Reports go to files, one per QEMU process (pid suffix); QEMU frees much
+# at exit that it never needed to, so leaks are not reported.
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=0:log_path=$logs/asan"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=0:log_path=$logs/ubsan"
+
+start=$(date +%s)
+step "bundled-guest matrix under the sanitizer build"
+set +e
+target/release/rustkvm-run --tap > "$logs/matrix.tap" 2> "$logs/matrix.err"
+matrix=$?
+step "Linux guests under the sanitizer build"
+target/release/rustkvm-linux --timeout 900 > "$logs/linux.txt" 2> "$logs/linux.err"
+linux=$?
+set -e
+
+reports=$(grep -l -E 'ERROR: AddressSanitizer|runtime error:' "$logs"/asan* "$logs"/ubsan* 2>/dev/null | wc -l)
+if [ "$reports" -gt 0 ]; then
+    echo "sanitizer reports (first lines of each):"
+    for f in $(grep -l -E 'ERROR: AddressSanitizer|runtime error:' "$logs"/asan* "$logs"/ubsan* 2>/dev/null); do
+        echo "--- $f"
+        grep -m3 -E 'ERROR: AddressSanitizer|runtime error:|#[0-3] ' "$f"
+    done
+fi
+runs=$(grep -c -E '^(not )?ok ' "$logs/matrix.tap" || true)
+fails=$(grep -c '^not ok ' "$logs/matrix.tap" || true)
+echo "sanitize: $runs guest runs ($fails failed, matrix exit $matrix), Linux runner exit $linux, $reports sanitizer reports, $(( $(date +%s) - start )) s (logs: $logs)"
+[ "$reports" -eq 0 ] && [ "$matrix" -eq 0 ] && [ "$linux" -eq 0 ] || die "not clean"
