@@ -75,6 +75,17 @@ if ! stock_ok; then
     stock_ok || die "/usr/bin/qemu-system-{x86_64,aarch64} are not QEMU 10.0.x after installing them"
 fi
 
+# A real JUnit consumer for the tests of the runners' --junit output
+# (tests/tests/junit.rs), from PyPI, in a venv of the cache.
+venv="$RUSTKVM_CACHE/venv"
+if ! "$venv/bin/python" -c 'import junitparser' 2>/dev/null; then
+    step "python venv with junitparser (PyPI)"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv" || die "python3 -m venv failed"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check junitparser \
+        || die "pip install junitparser failed"
+fi
+
 step "Rust targets and components"
 need_targets=(x86_64-unknown-none aarch64-unknown-none)
 installed=$(rustup target list --installed)

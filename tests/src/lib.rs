@@ -13,6 +13,7 @@
 
 pub mod guest;
 pub mod host;
+pub mod junit;
 pub mod linux;
 pub mod migrate;
 pub mod qemu;

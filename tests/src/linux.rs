@@ -89,6 +89,42 @@ impl Config {
     }
 }
 
+/// Every configuration of `arches` × `backends` (`(backend,
+/// thread=single, PMU model)`) × `smps`, in order (a PMU model other than
+/// the default only on x86), then only those with `index % n == i` for
+/// `shard = (i, n)`: `n` shards cover the matrix exactly once.
+pub fn matrix(
+    arches: &[Arch],
+    backends: &[(Backend, bool, PmuModel)],
+    smps: &[u32],
+    shard: (usize, usize),
+) -> Vec<Config> {
+    let mut all = Vec::new();
+    for &arch in arches {
+        for &(backend, single_thread, pmu) in backends {
+            if pmu != PmuModel::Default && arch != Arch::X86_64 {
+                continue;
+            }
+            for &smp in smps {
+                all.push(Config {
+                    arch,
+                    backend,
+                    smp,
+                    single_thread,
+                    soak_s: 0,
+                    pmu,
+                });
+            }
+        }
+    }
+    let (i, n) = shard;
+    all.into_iter()
+        .enumerate()
+        .filter(|(k, _)| k % n.max(1) == i)
+        .map(|(_, c)| c)
+        .collect()
+}
+
 /// How a boot ended.
 #[derive(Debug, Clone)]
 pub enum Outcome {
@@ -628,6 +664,30 @@ pub fn to_json(runs: &[LinuxRun]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_cover_the_linux_matrix_exactly_once() {
+        let backends = [
+            (Backend::Tcg, false, PmuModel::Default),
+            (Backend::Rustkvm, false, PmuModel::Default),
+            (Backend::Rustkvm, true, PmuModel::Default),
+            (Backend::Rustkvm, false, PmuModel::Intel),
+            (Backend::Kvm, false, PmuModel::Default),
+        ];
+        let all = matrix(&Arch::ALL, &backends, &[1, 2], (0, 1));
+        // The Intel PMU only on x86: 5 x86 + 4 arm64 configurations, 2 sizes.
+        assert_eq!(all.len(), 18);
+        for n in 1..=5 {
+            let mut seen: Vec<String> = (0..n)
+                .flat_map(|i| matrix(&Arch::ALL, &backends, &[1, 2], (i, n)))
+                .map(|c| c.label())
+                .collect();
+            seen.sort();
+            let mut want: Vec<String> = all.iter().map(|c| c.label()).collect();
+            want.sort();
+            assert_eq!(seen, want, "{n} shards");
+        }
+    }
 
     fn run_with(console: &str, backend: Backend) -> LinuxRun {
         LinuxRun {

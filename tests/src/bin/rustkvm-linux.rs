@@ -2,7 +2,7 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]
 //! ```
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
@@ -17,7 +17,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rustkvm_tests::linux::{self, Config, Outcome, PmuModel};
+use rustkvm_tests::linux::{self, Outcome, PmuModel};
 use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
@@ -26,6 +26,8 @@ struct Args {
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
+    shard: (usize, usize),
+    junit: Option<std::path::PathBuf>,
 }
 
 fn parse() -> Result<Args, HarnessError> {
@@ -36,6 +38,8 @@ fn parse() -> Result<Args, HarnessError> {
         smps: Vec::new(),
         timeout: linux::DEFAULT_TIMEOUT,
         json: false,
+        shard: (0, 1),
+        junit: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -82,8 +86,20 @@ fn parse() -> Result<Args, HarnessError> {
                 );
             }
             "--json" => a.json = true,
+            "--shard" => {
+                let v = it
+                    .next()
+                    .ok_or_else(|| usage("--shard needs i/n".to_string()))?;
+                a.shard = rustkvm_tests::report::parse_shard(&v)?;
+            }
+            "--junit" => {
+                let v = it
+                    .next()
+                    .ok_or_else(|| usage("--junit needs a file".to_string()))?;
+                a.junit = Some(v.into());
+            }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -116,38 +132,33 @@ fn main() -> ExitCode {
         }
     };
     let mut runs = Vec::new();
-    for &arch in &args.arches {
-        for &(backend, single_thread, pmu) in &args.backends {
-            if pmu != PmuModel::Default && arch != Arch::X86_64 {
-                continue;
+    for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
+        let run = linux::run(config, args.timeout);
+        if !args.json {
+            let status = match &run.outcome {
+                Outcome::Ok(_) => "OK".to_string(),
+                Outcome::Skip(w) => format!("SKIP({})", w.lines().next().unwrap_or("")),
+                Outcome::Error(w) => format!("ERROR({})", w.lines().next().unwrap_or("")),
+            };
+            eprintln!(
+                "{:24} {:6.1}s {status}",
+                config.label(),
+                run.elapsed.as_secs_f64()
+            );
+            if let Outcome::Error(w) = &run.outcome {
+                eprintln!("{w}");
             }
-            for &smp in &args.smps {
-                let config = Config {
-                    arch,
-                    backend,
-                    smp,
-                    single_thread,
-                    soak_s: 0,
-                    pmu,
-                };
-                let run = linux::run(config, args.timeout);
-                if !args.json {
-                    let status = match &run.outcome {
-                        Outcome::Ok(_) => "OK".to_string(),
-                        Outcome::Skip(w) => format!("SKIP({})", w.lines().next().unwrap_or("")),
-                        Outcome::Error(w) => format!("ERROR({})", w.lines().next().unwrap_or("")),
-                    };
-                    eprintln!(
-                        "{:24} {:6.1}s {status}",
-                        config.label(),
-                        run.elapsed.as_secs_f64()
-                    );
-                    if let Outcome::Error(w) = &run.outcome {
-                        eprintln!("{w}");
-                    }
-                }
-                runs.push(run);
-            }
+        }
+        runs.push(run);
+    }
+    if let Some(path) = &args.junit {
+        let cases: Vec<_> = runs
+            .iter()
+            .map(rustkvm_tests::junit::Case::from_linux)
+            .collect();
+        if let Err(e) = std::fs::write(path, rustkvm_tests::junit::write("rustkvm-linux", &cases)) {
+            eprintln!("rustkvm-linux: writing {}: {e}", path.display());
+            return ExitCode::from(2);
         }
     }
     if args.json {

@@ -16,7 +16,10 @@ use std::process::ExitCode;
 use rustkvm_tests::report::{self, Selection};
 use rustkvm_tests::{guest, Arch, Backend, HarnessError, RunResult, Variant};
 
-fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
+/// Where `--junit` writes, if asked.
+type JunitPath = Option<std::path::PathBuf>;
+
+fn parse_args() -> Result<(Selection, bool, bool, JunitPath), HarnessError> {
     let mut sel = Selection {
         arches: Vec::new(),
         backends: Vec::new(),
@@ -24,6 +27,7 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
         ..Selection::default()
     };
     let (mut tap, mut quiet) = (false, false);
+    let mut junit = None;
     let mut args = std::env::args().skip(1);
     let usage = |m: String| HarnessError::Usage(m);
     while let Some(a) = args.next() {
@@ -56,9 +60,10 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
             }
             "--shard" => sel.shard = report::parse_shard(&value("--shard")?)?,
             "--tap" => tap = true,
+            "--junit" => junit = Some(std::path::PathBuf::from(value("--junit")?)),
             "--quiet" => quiet = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--quiet] [FILTER]");
+                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [FILTER]");
                 std::process::exit(0);
             }
             f if !f.starts_with('-') && sel.filter.is_none() => sel.filter = Some(f.to_string()),
@@ -74,7 +79,7 @@ fn parse_args() -> Result<(Selection, bool, bool), HarnessError> {
     if sel.variants.is_empty() {
         sel.variants = Variant::ALL.to_vec();
     }
-    Ok((sel, tap, quiet))
+    Ok((sel, tap, quiet, junit))
 }
 
 fn main() -> ExitCode {
@@ -88,7 +93,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> Result<ExitCode, HarnessError> {
-    let (sel, tap, quiet) = parse_args()?;
+    let (sel, tap, quiet, junit) = parse_args()?;
     let tests = guest::discover()?;
     let results = report::run_matrix(&tests, &sel, |r| {
         if !quiet && !tap {
@@ -102,6 +107,18 @@ fn real_main() -> Result<ExitCode, HarnessError> {
             );
         }
     })?;
+    if let Some(path) = &junit {
+        let cases: Vec<_> = results
+            .iter()
+            .map(rustkvm_tests::junit::Case::from_guest)
+            .collect();
+        std::fs::write(path, rustkvm_tests::junit::write("rustkvm-guests", &cases)).map_err(
+            |source| HarnessError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            },
+        )?;
+    }
     if tap {
         print!("{}", report::tap(&results));
     } else {
