@@ -1,38 +1,43 @@
 #!/usr/bin/env bash
 # arm64 PMU overhead (issue 7): wall time of the same CPU-bound guest
-# workload (tests/guests/src/workload.rs, aarch64, -M virt -cpu max) under,
-# in each run side by side:
-#   tcg           -accel tcg (the reference)
+# workload (tests/guests/src/workload.rs, aarch64, -M virt -cpu max in every
+# configuration) under, every configuration once per round, alternating:
+#   tcg           -accel tcg (the baseline)
 #   idle          -accel rustkvm, the guest never enables a counter
 #   counting      -accel rustkvm, 2 event counters (instructions, branches)
 #                 and the cycle counter count throughout (arm-pmu-workload)
 #   tcg_icount    -accel tcg -icount shift=0: stock QEMU's only way to count
 #                 instructions on arm64
-# printed as ratios to tcg.
-# Usage: scripts/bench-arm-pmu.sh [RUNS]   (default 5)
+# Every run must pass (guest summary, semihosting exit status 0) with the
+# workload's usual checksum; ratios to tcg, per round.
+# Usage: scripts/bench-arm-pmu.sh [ROUNDS]   (default 5)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-runs=${1:-5}
+rounds=${1:-5}
 bench_prepare_guests
 cd "$RUSTKVM_ROOT"
 qemu=$(bash scripts/qemu-path aarch64)
 bin="$RUSTKVM_ROOT/tests/guests/target/aarch64-unknown-none/release"
-run() { # guest accel [args...]
-    local guest=$1 accel=$2 t0 t1 out
-    shift 2
-    t0=$(date +%s.%N)
-    out=$("$qemu" -M virt -cpu max -accel "$accel" -display none -serial stdio -monitor none \
-        -nodefaults -semihosting-config enable=on,target=native -kernel "$bin/$guest" "$@" 2>&1 || true)
-    t1=$(date +%s.%N)
-    grep -q '^ok ' <<<"$out" || die "$guest under $accel failed: $out"
-    echo "$t1 - $t0" | bc -l
+bench_one() {
+    local guest=plugin-workload accel=rustkvm extra=()
+    case "$1" in
+        tcg) accel=tcg ;;
+        idle) ;;
+        counting) guest=arm-pmu-workload ;;
+        tcg_icount) accel=tcg extra=(-icount shift=0) ;;
+        *) die "unknown configuration $1" ;;
+    esac
+    bench_run "$guest, -accel $accel ${extra[*]}" 0 \
+        "$qemu" -M virt -cpu max -accel "$accel" -display none -serial stdio -monitor none \
+        -nodefaults -semihosting-config enable=on,target=native -kernel "$bin/$guest" "${extra[@]}"
+    bench_guest_passed
+    bench_same checksum "$(awk '$1 == "measure" && $2 == "checksum" { print $3 }' "$BENCH_DIR/run.log")"
+    [ "$1" != counting ] || bench_value instructions >/dev/null
+    echo "s $BENCH_SECS"
 }
-printf '%-4s %8s %9s %9s %11s\n' run tcg_s idle counting tcg_icount
-for i in $(seq 1 "$runs"); do
-    t=$(run plugin-workload tcg)
-    idle=$(run plugin-workload rustkvm)
-    cnt=$(run arm-pmu-workload rustkvm)
-    ic=$(run plugin-workload tcg -icount shift=0)
-    printf '%-4s %8.3f %8.3fx %8.3fx %10.3fx\n' "$i" "$t" \
-        "$(echo "$idle / $t" | bc -l)" "$(echo "$cnt / $t" | bc -l)" "$(echo "$ic / $t" | bc -l)"
-done
+bench_begin "scripts/bench-arm-pmu.sh $rounds"
+bench_alternate "$rounds" tcg idle counting tcg_icount
+bench_report \
+    --ratio idle/tcg=idle.s/tcg.s \
+    --ratio counting/tcg=counting.s/tcg.s \
+    --ratio tcg_icount/tcg=tcg_icount.s/tcg.s
