@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # TCG plugin overhead: wall time of the same guest workload
-# (tests/guests/src/bin/plugin-workload.rs, x86_64, plain TCG in rustkvm's
-# QEMU build) with no plugin, QEMU's contrib insn plugin inline, and
-# rustkvm's plugin counting instructions only / instructions + branches +
-# memory accesses / everything, alternating in each run; ratios to no plugin.
-# Usage: scripts/bench-plugin.sh [RUNS] [ARCH]   (default 5 x86_64)
+# (tests/guests/src/bin/plugin-workload.rs, plain -accel tcg in rustkvm's
+# QEMU build, the same machine and CPU in every configuration) under, every
+# configuration once per round, alternating:
+#   none          no plugin (the baseline)
+#   insn_inline   QEMU's contrib insn plugin, inline=on
+#   ours_insns    rustkvm's plugin, counters=instructions
+#   ours_ibm      rustkvm's plugin, counters=instructions+branches+mem
+#   ours_all      rustkvm's plugin, counters=all
+# Every run must pass (guest summary, exit status) with the workload's usual
+# checksum, and every plugin must report the whole run's instructions (contrib
+# insn's "total insns" under -d plugin, ours from its JSON report, written
+# once at exit), all within 0.1 per mille of each other (x86 firmware's
+# timer waits vary by a few thousand); ratios to none, per round.
+# Usage: scripts/bench-plugin.sh [ROUNDS] [ARCH]   (default 5 x86_64)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-runs=${1:-5}
+rounds=${1:-5}
 arch=${2:-x86_64}
 bench_prepare_guests
 cd "$RUSTKVM_ROOT"
@@ -16,27 +25,46 @@ qemu=$(bash scripts/qemu-path "$arch")
 insn="$(dirname "$qemu")/tests/tcg/plugins/libinsn.so"
 ours="$RUSTKVM_ROOT/target/release/librustkvm_plugin.so"
 case "$arch" in
-    x86_64) target=x86_64-unknown-none; machine=(-M pc -device isa-debug-exit,iobase=0xf4,iosize=4) ;;
-    aarch64) target=aarch64-unknown-none; machine=(-M virt -cpu max -semihosting-config enable=on,target=native) ;;
+    # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
+    x86_64) target=x86_64-unknown-none pass=1
+        machine=(-M pc -device isa-debug-exit,iobase=0xf4,iosize=4) ;;
+    aarch64) target=aarch64-unknown-none pass=0
+        machine=(-M virt -cpu max -semihosting-config enable=on,target=native) ;;
     *) die "arch: x86_64 or aarch64" ;;
 esac
 kernel="$RUSTKVM_ROOT/tests/guests/target/$target/release/plugin-workload"
-run() { # plugin args...
-    local t0 t1
-    t0=$(date +%s.%N)
-    "$qemu" "${machine[@]}" -accel tcg -display none -serial none -monitor none -nodefaults \
-        -kernel "$kernel" "$@" >/dev/null 2>&1 || true
-    t1=$(date +%s.%N)
-    echo "$t1 - $t0" | bc -l
+bench_one() {
+    local plugin=() report="$BENCH_DIR/plugin.json" n
+    rm -f "$report"
+    case "$1" in
+        none) ;;
+        insn_inline) plugin=(-d plugin -plugin "$insn,inline=on") ;;
+        ours_insns) plugin=(-plugin "$ours,counters=instructions,quiet=on,outfile=$report") ;;
+        ours_ibm) plugin=(-plugin "$ours,counters=instructions+branches+mem,quiet=on,outfile=$report") ;;
+        ours_all) plugin=(-plugin "$ours,counters=all,quiet=on,outfile=$report") ;;
+        *) die "unknown configuration $1" ;;
+    esac
+    bench_run "plugin-workload on $arch, $1" "$pass" \
+        "$qemu" "${machine[@]}" -accel tcg -display none -serial stdio -monitor none -nodefaults \
+        -kernel "$kernel" "${plugin[@]}"
+    bench_guest_passed
+    bench_same checksum "$(awk '$1 == "measure" && $2 == "checksum" { print $3 }' "$BENCH_DIR/run.log")"
+    case "$1" in
+        none) ;;
+        insn_inline) bench_near instructions "$(awk '$1 == "total" && $2 == "insns:" { print $3 }' "$BENCH_DIR/run.log")" 0.1 ;;
+        *)
+            n=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["total"]["instructions"])' \
+                "$report" 2>/dev/null) || bench_fail "no plugin report with a total instruction count"
+            bench_near instructions "$n" 0.1
+            ;;
+    esac
+    echo "s $BENCH_SECS"
 }
-printf '%-4s %9s %12s %12s %14s %12s\n' run none_s insn_inline ours_insns ours_insns+br+mem ours_all
-for i in $(seq 1 "$runs"); do
-    n=$(run)
-    a=$(run -plugin "$insn,inline=on")
-    b=$(run -plugin "$ours,counters=instructions,quiet=on")
-    c=$(run -plugin "$ours,counters=instructions+branches+mem,quiet=on")
-    d=$(run -plugin "$ours,counters=all,quiet=on")
-    printf '%-4s %9.3f %11.2fx %11.2fx %13.2fx %11.2fx\n' "$i" "$n" \
-        "$(echo "$a / $n" | bc -l)" "$(echo "$b / $n" | bc -l)" \
-        "$(echo "$c / $n" | bc -l)" "$(echo "$d / $n" | bc -l)"
-done
+bench_begin "scripts/bench-plugin.sh $rounds $arch"
+bench_alternate "$rounds" none insn_inline ours_insns ours_ibm ours_all
+bench_report \
+    --ratio insn_inline/none=insn_inline.s/none.s \
+    --ratio ours_insns/none=ours_insns.s/none.s \
+    --ratio ours_ibm/none=ours_ibm.s/none.s \
+    --ratio ours_all/none=ours_all.s/none.s
+printf '# instructions counted (first plugin run): %s\n' "$(cat "$BENCH_DIR/near.instructions")"
