@@ -2,21 +2,22 @@
 # x86 local APIC timer latency: deadline to pending, median ns over 15
 # trials (tests/guests/src/bin/x86-timer-latency.rs), under -accel rustkvm
 # (TSC-deadline and one-shot) and stock tcg (one-shot; TCG has no
-# TSC-deadline mode), booted back to back in each run.
-# Usage: scripts/bench-timer.sh [RUNS]   (default 5)
+# TSC-deadline mode), each round booting it once per backend, alternating
+# (rustkvm-run, default variant: the same machine and CPU model on both);
+# every run must PASS.
+# Usage: scripts/bench-timer.sh [ROUNDS]   (default 5)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-runs=${1:-5}
+rounds=${1:-5}
 bench_prepare_guests
 cd "$RUSTKVM_ROOT"
-get() { awk -v k="$1" '$1 == k { print $2; exit }'; }
-printf '%-4s %22s %20s %22s %24s\n' run rustkvm_deadline_ns tcg_oneshot_ns rustkvm_oneshot_ns deadline/tcg_oneshot
-for i in $(seq 1 "$runs"); do
-    rk=$(target/release/rustkvm-run --arch x86_64 --backend rustkvm --variant default x86-timer-latency 2>/dev/null)
-    tc=$(target/release/rustkvm-run --arch x86_64 --backend tcg --variant default x86-timer-latency 2>/dev/null)
-    d=$(get latency.deadline-ns <<<"$rk")
-    o=$(get latency.oneshot-ns <<<"$rk")
-    t=$(get latency.oneshot-ns <<<"$tc")
-    [ -n "$d" ] && [ -n "$o" ] && [ -n "$t" ] || die "run $i: no measurement (guest failed?)"
-    printf '%-4s %22s %20s %22s %24.3f\n' "$i" "$d" "$t" "$o" "$(echo "$d / $t" | bc -l)"
-done
+bench_one() {
+    bench_rustkvm_run x86_64 "$1" x86-timer-latency
+    [ "$1" = tcg ] || echo "deadline_ns $(bench_value latency.deadline-ns)"
+    echo "oneshot_ns $(bench_value latency.oneshot-ns)"
+}
+bench_begin "scripts/bench-timer.sh $rounds"
+bench_alternate "$rounds" rustkvm tcg
+bench_report \
+    --ratio deadline_rustkvm/oneshot_tcg=rustkvm.deadline_ns/tcg.oneshot_ns \
+    --ratio oneshot_rustkvm/oneshot_tcg=rustkvm.oneshot_ns/tcg.oneshot_ns
