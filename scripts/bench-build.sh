@@ -32,7 +32,9 @@ orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V 
 key=$( { basename "$orig"; cat "$RUSTKVM_ROOT"/qemu-patches/*.patch; } | sha256sum | cut -d' ' -f1)
 [ "$(cat "$QDIR/src.key" 2>/dev/null)" = "$key" ] \
     || die "$QDIR/src is patched with another qemu-patches/ than this clone's: building here would re-patch the shared source tree"
-bench_prepare_qemu
+# The main build first (as scripts/build-qemu.sh always does: source patched,
+# ccache filled), unless told to build nothing shared.
+bench_no_build || bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null 2>&1 || die "initial build failed"
 
 build() { # DIR: scripts/build-qemu.sh into DIR, then check what it left there
     bench_run "scripts/build-qemu.sh into $1" 0 \

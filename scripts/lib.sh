@@ -24,27 +24,74 @@ die() { printf 'rustkvm: step "%s" failed: %s\n' "${_step:-?}" "$*" >&2; exit 1;
 #       QEMU build) and scripts/build-linux-guests.sh, and only check that the
 #       emulators, QEMU's libinsn.so and the Linux images exist. The clone's
 #       own guests, rustkvm-run and plugin are still built (cargo: a no-op
-#       when up to date, and nothing outside the clone changes). The bench
-#       then measures whatever the shared build holds: its header prints the
-#       emulators' build times and the key of the patch set they were built
-#       from, and it stops if they change while it runs.
+#       when up to date, and nothing outside the clone changes).
 #   RUSTKVM_BENCH_ORDER=shuffle   each round runs its configurations in a
 #       random order instead of the fixed one (default: fixed, A B C A B C).
+#
+# The QEMU build (and the Linux images) are shared by every clone and may be
+# rebuilt while a benchmark runs, which would then compare different
+# emulators across its rounds. So once built (or found), the emulators,
+# libinsn.so and the images are copied into the benchmark's scratch
+# directory and every run uses the copies (RUSTKVM_CACHE points there; the
+# firmware and data directories are linked). The header prints when the
+# copied emulators were built and the key of the patch set they came from.
 
 bench_no_build() { [ "${RUSTKVM_BENCH_NO_BUILD:-0}" = 1 ]; }
 
-# QEMU (both emulators and QEMU's contrib insn plugin).
+# The shared cache, whatever RUSTKVM_CACHE points at later.
+BENCH_SHARED_CACHE=$RUSTKVM_CACHE
+
+# The benchmark's scratch directory, removed at exit.
+bench_scratch() {
+    [ -n "${BENCH_DIR:-}" ] && return
+    BENCH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rustkvm-bench.XXXXXX")
+    BENCH_DATA="$BENCH_DIR/data"
+    : >"$BENCH_DATA"
+    # shellcheck disable=SC2064
+    trap "rm -rf '$BENCH_DIR'" EXIT
+    export BENCH_DIR BENCH_DATA
+}
+
+# QEMU (both emulators and QEMU's contrib insn plugin): built, or with
+# RUSTKVM_BENCH_NO_BUILD=1 found; then copied, and RUSTKVM_CACHE pointed at
+# the copy (scripts/qemu-path and rustkvm-run find it there).
 bench_prepare_qemu() {
+    local b="$BENCH_SHARED_CACHE/qemu/build" a try
     if bench_no_build; then
-        local a q
         for a in x86_64 aarch64; do
-            q=$(bash "$RUSTKVM_ROOT/scripts/qemu-path" "$a") || die "RUSTKVM_BENCH_NO_BUILD=1 but qemu-system-$a is not built"
+            [ -x "$b/qemu-system-$a" ] || die "RUSTKVM_BENCH_NO_BUILD=1 but $b/qemu-system-$a is not built"
         done
-        [ -f "$(dirname "$q")/tests/tcg/plugins/libinsn.so" ] \
-            || die "RUSTKVM_BENCH_NO_BUILD=1 but QEMU's libinsn.so is not built"
+        [ -f "$b/tests/tcg/plugins/libinsn.so" ] || die "RUSTKVM_BENCH_NO_BUILD=1 but QEMU's libinsn.so is not built"
     else
         bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null || die "building QEMU failed"
     fi
+    bench_scratch
+    local snap="$BENCH_DIR/cache/qemu/build"
+    mkdir -p "$snap/tests/tcg/plugins"
+    ln -s "$b/qemu-bundle" "$snap/qemu-bundle"
+    ln -s "$b/pc-bios" "$snap/pc-bios"
+    # A copy taken while another clone builds there could be torn or mix two
+    # builds: no ninja may be running in that build directory, and the
+    # build's stamp must be the same before and after copying.
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+        BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE" full)
+        if ! pgrep -f -- "ninja -C $b " >/dev/null; then
+            cp "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" "$snap/" \
+                && cp "$b/tests/tcg/plugins/libinsn.so" "$snap/tests/tcg/plugins/" \
+                && cp "$BENCH_SHARED_CACHE/qemu/src.key" "$BENCH_DIR/cache/qemu/" \
+                && [ "$(bench_build_stamp "$BENCH_SHARED_CACHE" full)" = "$BENCH_STAMP" ] \
+                && break
+        fi
+        [ "$try" = 10 ] && die "the shared QEMU build kept changing while being copied"
+        sleep 15
+    done
+    BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE")
+    for a in x86_64 aarch64; do
+        "$snap/qemu-system-$a" -accel help 2>/dev/null | grep -qx rustkvm \
+            || die "the copy of qemu-system-$a does not list the rustkvm accelerator"
+    done
+    RUSTKVM_CACHE="$BENCH_DIR/cache"
+    export RUSTKVM_CACHE
 }
 
 # Benchmarks over the bundled guests: QEMU, the guests and the guest runner
@@ -56,41 +103,42 @@ bench_prepare_guests() {
         || die "building rustkvm-run failed"
 }
 
-# The Linux kernel and initramfs (scripts/build-linux-guests.sh).
+# The Linux kernel and initramfs (scripts/build-linux-guests.sh), copied
+# beside the emulators' copy (after bench_prepare_qemu).
 bench_prepare_linux() { # arch
-    if bench_no_build; then
-        local f
-        for f in vmlinuz initramfs.cpio.gz; do
-            [ -f "$RUSTKVM_CACHE/linux/$1/$f" ] || die "RUSTKVM_BENCH_NO_BUILD=1 but $RUSTKVM_CACHE/linux/$1/$f does not exist"
-        done
-    else
-        bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh" >/dev/null 2>&1 \
+    local l="$BENCH_SHARED_CACHE/linux/$1" f
+    if ! bench_no_build; then
+        RUSTKVM_CACHE="$BENCH_SHARED_CACHE" bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh" >/dev/null 2>&1 \
             || die "building the Linux images failed (run scripts/build-linux-guests.sh)"
     fi
+    mkdir -p "$RUSTKVM_CACHE/linux/$1"
+    for f in vmlinuz initramfs.cpio.gz; do
+        cp "$l/$f" "$RUSTKVM_CACHE/linux/$1/" 2>/dev/null || die "no $l/$f (run scripts/build-linux-guests.sh)"
+    done
 }
 
-# The shared QEMU build's identity: both emulators' modification times and
-# the patch set's key (scripts/build-qemu.sh's qemu/src.key).
+# bench_build_stamp CACHE [full]: a QEMU build's identity: both emulators'
+# modification times (to the second, or with `full` to the nanosecond) and
+# the key of the patch set (scripts/build-qemu.sh's qemu/src.key).
 bench_build_stamp() {
-    local b="$RUSTKVM_CACHE/qemu/build"
-    stat -c '%y' "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" 2>/dev/null | cut -d. -f1 | tr '\n' ' '
-    cut -c1-12 "$RUSTKVM_CACHE/qemu/src.key" 2>/dev/null || echo '?'
+    local b="$1/qemu/build" cut=(cut -d. -f1)
+    [ "${2:-}" = full ] && cut=(cat)
+    stat -c '%y' "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" 2>/dev/null | "${cut[@]}" | cut -d' ' -f1-2 | tr '\n' ' '
+    cut -c1-12 "$1/qemu/src.key" 2>/dev/null || echo '?'
 }
 
-# bench_begin "COMMAND": a scratch directory for the runs' output and the
-# measurements, and a header saying what ran where and when.
+# bench_begin "COMMAND": the header saying what ran where and when.
 bench_begin() {
-    BENCH_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rustkvm-bench.XXXXXX")
-    BENCH_DATA="$BENCH_DIR/data"
-    : >"$BENCH_DATA"
-    # shellcheck disable=SC2064
-    trap "rm -rf '$BENCH_DIR'" EXIT
-    export BENCH_DIR BENCH_DATA
+    bench_scratch
     _step=$1
-    BENCH_STAMP=$(bench_build_stamp)
-    printf '# %s\n# %s, %s, %s CPUs, load %s\n# emulators (x86_64, aarch64 built; patch set key) %s; order %s\n' \
-        "$1" "$(date '+%Y-%m-%d %H:%M')" "$(hostname)" "$(nproc)" \
-        "$(cut -d' ' -f1-3 /proc/loadavg)" "$BENCH_STAMP" "${RUSTKVM_BENCH_ORDER:-fixed}"
+    printf '# %s\n# %s, %s, %s CPUs, load %s\n' \
+        "$1" "$(date '+%Y-%m-%d %H:%M')" "$(hostname)" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ -n "${BENCH_STAMP:-}" ]; then
+        local t
+        read -ra t <<<"$BENCH_STAMP"
+        printf '# emulators: a copy of the shared build (x86_64 built %s %s, aarch64 %s %s; patch set key %s)\n' "${t[@]}"
+    fi
+    printf '# order: %s\n' "${RUSTKVM_BENCH_ORDER:-fixed}"
 }
 
 # bench_alternate ROUNDS CONFIG...: ROUNDS rounds, each running every CONFIG
@@ -108,10 +156,6 @@ bench_alternate() {
         fi
         for c in "${order[@]}"; do
             out=$(bench_one "$c") || exit 1
-            # The build is shared: a rebuild mid-benchmark would have rounds
-            # compare different emulators.
-            [ "$(bench_build_stamp)" = "$BENCH_STAMP" ] \
-                || die "the shared QEMU build changed during the benchmark (was $BENCH_STAMP, now $(bench_build_stamp)): run it again"
             [ -n "$out" ] || die "round $i, $c: measured nothing"
             while read -r q v; do
                 [ -n "$q" ] || continue
