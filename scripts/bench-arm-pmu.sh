@@ -9,7 +9,8 @@
 #   tcg_icount    -accel tcg -icount shift=0: stock QEMU's only way to count
 #                 instructions on arm64
 # Every run must pass (guest summary, semihosting exit status 0) with the
-# workload's usual checksum; ratios to tcg, per round.
+# workload's usual checksum. Each run's CPU time (QEMU's user + system) and
+# wall time; ratios of both to tcg, per round.
 # Usage: scripts/bench-arm-pmu.sh [ROUNDS]   (default 5)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -34,10 +35,12 @@ bench_one() {
     bench_same checksum "$(awk '$1 == "measure" && $2 == "checksum" { print $3 }' "$BENCH_DIR/run.log")"
     [ "$1" != counting ] || bench_value instructions >/dev/null
     echo "s $BENCH_SECS"
+    echo "cpu_s $BENCH_CPU"
 }
 bench_begin "scripts/bench-arm-pmu.sh $rounds"
 bench_alternate "$rounds" tcg idle counting tcg_icount
-bench_report \
-    --ratio idle/tcg=idle.s/tcg.s \
-    --ratio counting/tcg=counting.s/tcg.s \
-    --ratio tcg_icount/tcg=tcg_icount.s/tcg.s
+ratios=()
+for q in cpu_s s; do
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg idle counting tcg_icount)
+done
+bench_report "${ratios[@]}"

@@ -12,7 +12,8 @@
 # checksum, and every plugin must report the whole run's instructions (contrib
 # insn's "total insns" under -d plugin, ours from its JSON report, written
 # once at exit), all within 0.1 per mille of each other (x86 firmware's
-# timer waits vary by a few thousand); ratios to none, per round.
+# timer waits vary by a few thousand). Each run's CPU time (QEMU's user +
+# system) and wall time; ratios of both to none, per round.
 # Usage: scripts/bench-plugin.sh [ROUNDS] [ARCH]   (default 5 x86_64)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -59,12 +60,13 @@ bench_one() {
             ;;
     esac
     echo "s $BENCH_SECS"
+    echo "cpu_s $BENCH_CPU"
 }
 bench_begin "scripts/bench-plugin.sh $rounds $arch"
 bench_alternate "$rounds" none insn_inline ours_insns ours_ibm ours_all
-bench_report \
-    --ratio insn_inline/none=insn_inline.s/none.s \
-    --ratio ours_insns/none=ours_insns.s/none.s \
-    --ratio ours_ibm/none=ours_ibm.s/none.s \
-    --ratio ours_all/none=ours_all.s/none.s
+ratios=()
+for q in cpu_s s; do
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" none insn_inline ours_insns ours_ibm ours_all)
+done
+bench_report "${ratios[@]}"
 printf '# instructions counted (first plugin run): %s\n' "$(cat "$BENCH_DIR/near.instructions")"

@@ -16,7 +16,9 @@
 #   amd_count   -accel rustkvm, -cpu max,pmu=on, 3 counters (instructions,
 #               branches, cycles) count throughout (x86-pmu-workload)
 # Every run must pass (guest summary, exit status) with the workload's usual
-# checksum. Ratios are to the baseline of the same CPU model, per round.
+# checksum. Each run's CPU time (QEMU's user + system) and wall time; ratios
+# of both to the baseline of the same CPU model, per round (tcg_max/tcg_intel:
+# what the model alone changes).
 # Then, ROUNDS runs of x86-wrmsr-cost: guest-measured cycles of a WRMSR to a
 # PMU MSR against a WRMSR TCG handles itself (interleaved inside the guest).
 # Usage: scripts/bench-pmu.sh [ROUNDS]   (default 5)
@@ -54,19 +56,17 @@ bench_one() {
         *_count) bench_value instructions >/dev/null ;;
     esac
     echo "s $BENCH_SECS"
+    echo "cpu_s $BENCH_CPU"
 }
 bench_begin "scripts/bench-pmu.sh $rounds"
 bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count
-bench_report \
-    --ratio pmu_off/tcg_intel=pmu_off.s/tcg_intel.s \
-    --ratio intel_idle/tcg_intel=intel_idle.s/tcg_intel.s \
-    --ratio intel_count/tcg_intel=intel_count.s/tcg_intel.s \
-    --ratio insn_plugin/tcg_intel=insn_plugin.s/tcg_intel.s \
-    --ratio amd_off/tcg_max=amd_off.s/tcg_max.s \
-    --ratio amd_idle/tcg_max=amd_idle.s/tcg_max.s \
-    --ratio amd_count/tcg_max=amd_count.s/tcg_max.s \
-    --ratio tcg_max/tcg_intel=tcg_max.s/tcg_intel.s
-
+ratios=()
+for q in cpu_s s; do
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_max amd_off amd_idle amd_count)
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel tcg_max)
+done
+bench_report "${ratios[@]}"
 echo
 echo "# x86-wrmsr-cost: guest TSC cycles per WRMSR, PMU MSR vs one TCG handles"
 : >"$BENCH_DATA"

@@ -57,32 +57,27 @@ bench_scratch() {
 # the copy (scripts/qemu-path and rustkvm-run find it there).
 bench_prepare_qemu() {
     local b="$BENCH_SHARED_CACHE/qemu/build" a try
-    if bench_no_build; then
-        for a in x86_64 aarch64; do
-            [ -x "$b/qemu-system-$a" ] || die "RUSTKVM_BENCH_NO_BUILD=1 but $b/qemu-system-$a is not built"
-        done
-        [ -f "$b/tests/tcg/plugins/libinsn.so" ] || die "RUSTKVM_BENCH_NO_BUILD=1 but QEMU's libinsn.so is not built"
-    else
-        bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null || die "building QEMU failed"
-    fi
+    bench_no_build || bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null || die "building QEMU failed"
     bench_scratch
     local snap="$BENCH_DIR/cache/qemu/build"
     mkdir -p "$snap/tests/tcg/plugins"
     ln -s "$b/qemu-bundle" "$snap/qemu-bundle"
     ln -s "$b/pc-bios" "$snap/pc-bios"
-    # A copy taken while another clone builds there could be torn or mix two
-    # builds: no ninja may be running in that build directory, and the
-    # build's stamp must be the same before and after copying.
-    for try in 1 2 3 4 5 6 7 8 9 10; do
+    # Another clone may be building there: wait until no ninja runs in that
+    # build directory and the emulators and libinsn.so are all there, and
+    # take the copy only if the build's stamp is the same before and after
+    # copying (not torn, not two builds mixed).
+    for try in $(seq 1 40); do
         BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE" full)
-        if ! pgrep -f -- "ninja -C $b " >/dev/null; then
-            cp "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" "$snap/" \
-                && cp "$b/tests/tcg/plugins/libinsn.so" "$snap/tests/tcg/plugins/" \
-                && cp "$BENCH_SHARED_CACHE/qemu/src.key" "$BENCH_DIR/cache/qemu/" \
-                && [ "$(bench_build_stamp "$BENCH_SHARED_CACHE" full)" = "$BENCH_STAMP" ] \
-                && break
+        if ! pgrep -f -- "ninja -C $b " >/dev/null \
+            && cp "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" "$snap/" 2>/dev/null \
+            && cp "$b/tests/tcg/plugins/libinsn.so" "$snap/tests/tcg/plugins/" 2>/dev/null \
+            && cp "$BENCH_SHARED_CACHE/qemu/src.key" "$BENCH_DIR/cache/qemu/" 2>/dev/null \
+            && [ "$(bench_build_stamp "$BENCH_SHARED_CACHE" full)" = "$BENCH_STAMP" ]; then
+            break
         fi
-        [ "$try" = 10 ] && die "the shared QEMU build kept changing while being copied"
+        [ "$try" = 40 ] && die "no complete, unchanging QEMU build in $b for 10 minutes (scripts/build-qemu.sh builds it)"
+        [ "$try" = 1 ] && echo "# $b is being built: waiting to copy the emulators" >&2
         sleep 15
     done
     BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE")
@@ -171,18 +166,31 @@ bench_report() {
     python3 "$RUSTKVM_ROOT/scripts/bench-stats.py" "$BENCH_DATA" "$@" || die "summarising failed"
 }
 
+# bench_ratios QUANTITY BASE CONFIG...: bench_report's arguments for
+# CONFIG.QUANTITY / BASE.QUANTITY of each CONFIG, one per line (mapfile).
+bench_ratios() {
+    local q=$1 base=$2 c
+    shift 2
+    for c in "$@"; do
+        printf '%s\n' --ratio "$c/$base ($q)=$c.$q/$base.$q"
+    done
+}
+
 # bench_run WHAT STATUS CMD...: run CMD with its standard output and error in
-# $BENCH_DIR/run.log (carriage returns removed) and its wall time in seconds
-# in BENCH_SECS; an exit status other than STATUS fails the benchmark.
+# $BENCH_DIR/run.log (carriage returns removed), its wall time in seconds in
+# BENCH_SECS and the CPU time it and its children used (user + system) in
+# BENCH_CPU; an exit status other than STATUS fails the benchmark. On a
+# machine shared with other work, wall time also measures the neighbours;
+# CPU time much less so (and it counts every thread's work).
 bench_run() {
     BENCH_WHAT=$1
-    local want=$2 st=0 t0 t1
+    local want=$2 st=0 TIMEFORMAT='%3R %3U %3S' t
     shift 2
-    t0=$EPOCHREALTIME
-    "$@" </dev/null >"$BENCH_DIR/run.raw" 2>&1 || st=$?
-    t1=$EPOCHREALTIME
+    { time { "$@" </dev/null >"$BENCH_DIR/run.raw" 2>&1 || st=$?; }; } 2>"$BENCH_DIR/run.time"
     tr -d '\r' <"$BENCH_DIR/run.raw" >"$BENCH_DIR/run.log"
-    BENCH_SECS=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+    read -ra t <"$BENCH_DIR/run.time"
+    BENCH_SECS=${t[0]}
+    BENCH_CPU=$(awk -v u="${t[1]}" -v s="${t[2]}" 'BEGIN { printf "%.3f", u + s }')
     [ "$st" = "$want" ] || bench_fail "exit status $st, expected $want"
 }
 
