@@ -52,11 +52,14 @@ bench_scratch() {
     export BENCH_DIR BENCH_DATA
 }
 
-# QEMU (both emulators and QEMU's contrib insn plugin): built, or with
-# RUSTKVM_BENCH_NO_BUILD=1 found; then copied, and RUSTKVM_CACHE pointed at
-# the copy (scripts/qemu-path and rustkvm-run find it there).
+# QEMU (both emulators and QEMU's contrib insn plugin) in the build
+# directory scripts/build-qemu.sh uses (RUSTKVM_QEMU_BUILD or the shared
+# one): built, or with RUSTKVM_BENCH_NO_BUILD=1 found; then copied, with
+# RUSTKVM_QEMU_BUILD and RUSTKVM_CACHE pointed at the copy (scripts/qemu-path
+# and rustkvm-run find it there).
 bench_prepare_qemu() {
-    local b="$BENCH_SHARED_CACHE/qemu/build" a try
+    local b="${RUSTKVM_QEMU_BUILD:-$BENCH_SHARED_CACHE/qemu/build}" a try
+    [ "${RUSTKVM_SANITIZE:-0}" != 1 ] || die "RUSTKVM_SANITIZE=1: a sanitizer build is no thing to benchmark"
     bench_no_build || bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" >/dev/null || die "building QEMU failed"
     bench_scratch
     local snap="$BENCH_DIR/cache/qemu/build"
@@ -68,25 +71,25 @@ bench_prepare_qemu() {
     # take the copy only if the build's stamp is the same before and after
     # copying (not torn, not two builds mixed).
     for try in $(seq 1 40); do
-        BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE" full)
+        BENCH_STAMP=$(bench_build_stamp "$b" full)
         if ! pgrep -f -- "ninja -C $b " >/dev/null \
             && cp "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" "$snap/" 2>/dev/null \
             && cp "$b/tests/tcg/plugins/libinsn.so" "$snap/tests/tcg/plugins/" 2>/dev/null \
             && cp "$BENCH_SHARED_CACHE/qemu/src.key" "$BENCH_DIR/cache/qemu/" 2>/dev/null \
-            && [ "$(bench_build_stamp "$BENCH_SHARED_CACHE" full)" = "$BENCH_STAMP" ]; then
+            && [ "$(bench_build_stamp "$b" full)" = "$BENCH_STAMP" ]; then
             break
         fi
         [ "$try" = 40 ] && die "no complete, unchanging QEMU build in $b for 10 minutes (scripts/build-qemu.sh builds it)"
         [ "$try" = 1 ] && echo "# $b is being built: waiting to copy the emulators" >&2
         sleep 15
     done
-    BENCH_STAMP=$(bench_build_stamp "$BENCH_SHARED_CACHE")
+    BENCH_STAMP=$(bench_build_stamp "$b")
     for a in x86_64 aarch64; do
         "$snap/qemu-system-$a" -accel help 2>/dev/null | grep -qx rustkvm \
             || die "the copy of qemu-system-$a does not list the rustkvm accelerator"
     done
-    RUSTKVM_CACHE="$BENCH_DIR/cache"
-    export RUSTKVM_CACHE
+    RUSTKVM_CACHE="$BENCH_DIR/cache" RUSTKVM_QEMU_BUILD="$snap"
+    export RUSTKVM_CACHE RUSTKVM_QEMU_BUILD
 }
 
 # Benchmarks over the bundled guests: QEMU, the guests and the guest runner
@@ -112,14 +115,15 @@ bench_prepare_linux() { # arch
     done
 }
 
-# bench_build_stamp CACHE [full]: a QEMU build's identity: both emulators'
-# modification times (to the second, or with `full` to the nanosecond) and
-# the key of the patch set (scripts/build-qemu.sh's qemu/src.key).
+# bench_build_stamp BUILD_DIR [full]: a QEMU build's identity: both
+# emulators' modification times (to the second, or with `full` to the
+# nanosecond) and the key of the patch set the shared source tree holds
+# (scripts/build-qemu.sh's qemu/src.key).
 bench_build_stamp() {
-    local b="$1/qemu/build" cut=(cut -d. -f1)
+    local cut=(cut -d. -f1)
     [ "${2:-}" = full ] && cut=(cat)
-    stat -c '%y' "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" 2>/dev/null | "${cut[@]}" | cut -d' ' -f1-2 | tr '\n' ' '
-    cut -c1-12 "$1/qemu/src.key" 2>/dev/null || echo '?'
+    stat -c '%y' "$1/qemu-system-x86_64" "$1/qemu-system-aarch64" 2>/dev/null | "${cut[@]}" | cut -d' ' -f1-2 | tr '\n' ' '
+    cut -c1-12 "$BENCH_SHARED_CACHE/qemu/src.key" 2>/dev/null || echo '?'
 }
 
 # bench_begin "COMMAND": the header saying what ran where and when.
@@ -131,7 +135,7 @@ bench_begin() {
     if [ -n "${BENCH_STAMP:-}" ]; then
         local t
         read -ra t <<<"$BENCH_STAMP"
-        printf '# emulators: a copy of the shared build (x86_64 built %s %s, aarch64 %s %s; patch set key %s)\n' "${t[@]}"
+        printf '# emulators: a copy of the build (x86_64 built %s %s, aarch64 %s %s; patch set key %s)\n' "${t[@]}"
     fi
     printf '# order: %s\n' "${RUSTKVM_BENCH_ORDER:-fixed}"
 }
