@@ -161,7 +161,8 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_kvmclock_tsc_deadline() {
         );
     }
     // TCG's signature is not a hypervisor Linux knows; rustkvm's is KVM's,
-    // and Linux then uses the PV features it offers (pv-unhalt: spinlocks).
+    // and Linux then uses the PV features it offers (pv-unhalt: spinlocks;
+    // send-ipi: its IPIs go through KVM_HC_SEND_IPI).
     let (t, k) = (report(&tcg), report(&rk));
     assert!(
         !dmesg_has(t, "Hypervisor detected") && !dmesg_has(t, "kvm-guest"),
@@ -174,6 +175,7 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_kvmclock_tsc_deadline() {
         "{}",
         k["dmesg"]
     );
+    assert!(dmesg_has(k, "kvm-guest: setup PV IPIs"), "{}", k["dmesg"]);
     // VMCALL from user mode: #UD (SIGILL) under tcg, -KVM_EPERM under
     // rustkvm, as kvm_emulate_hypercall answers CPL > 0.
     assert_eq!(
