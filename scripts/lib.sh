@@ -21,10 +21,12 @@ die() { printf 'rustkvm: step "%s" failed: %s\n' "${_step:-?}" "$*" >&2; exit 1;
 # Environment:
 #   RUSTKVM_BENCH_NO_BUILD=1   build nothing shared: skip scripts/build-qemu.sh
 #       (which would copy this clone's accelerator library into the shared
-#       QEMU build) and scripts/build-linux-guests.sh, and only check that the
-#       emulators, QEMU's libinsn.so and the Linux images exist. The clone's
-#       own guests, rustkvm-run and plugin are still built (cargo: a no-op
-#       when up to date, and nothing outside the clone changes).
+#       QEMU build) and scripts/build-linux-guests.sh, and only take what is
+#       there: wait (up to ten minutes) for both emulators and QEMU's
+#       libinsn.so with no ninja running in their build directory, and fail
+#       without the Linux images. The clone's own guests, rustkvm-run and
+#       plugin are still built (cargo: a no-op when up to date, and nothing
+#       outside the clone changes).
 #   RUSTKVM_BENCH_ORDER=shuffle   each round runs its configurations in a
 #       random order instead of the fixed one (default: fixed, A B C A B C).
 #
