@@ -213,17 +213,8 @@ fn move_in(
         .map_err(io(format!("starting {}", dst.exe.display())))?;
     let out = run::Capture::spawn(child.stdout.take());
     let err = run::Capture::spawn(child.stderr.take());
-    let (code, timed_out) = loop {
-        if let Some(status) = child.try_wait().map_err(io("waiting".into()))? {
-            break (status.code(), false);
-        }
-        if start.elapsed() >= timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break (None, true);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let (code, timed_out) =
+        run::wait_with_timeout(&mut child, timeout).map_err(io("waiting".into()))?;
     let outcome = run::judge(
         arch,
         code,
