@@ -194,7 +194,19 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
         2 => prop::sample::select(vec![0xc500_0020u64, 0xc500_0021, 0x8000_0000, 0x8000_8000, 0x8000_7fff, 0x8000_3fff, 0x8500_0020]),
         1 => edge_u64(),
     ];
+    // Programming that makes counters count: PMCR.E (with LC/LP), every
+    // counter enabled, an event rustkvm counts.
+    let program = prop_oneof![
+        (0..4u64).prop_map(|f| (Reg::Pmcr, 1 | (f & 1) << 6 | (f >> 1) << 7)),
+        Just((Reg::CntenSet, u64::MAX)),
+        (
+            0..31u32,
+            prop::sample::select(vec![0x08u64, 0x11, 0x21, 0x13, 0x00, 0x1e, 0x09])
+        )
+            .prop_map(|(n, e)| (Reg::Evtyper(n), e)),
+    ];
     prop_oneof![
+        4 => (cpu.clone(), program).prop_map(|(cpu, (reg, value))| Op::Write { cpu, reg, el: 1, value }),
         6 => (cpu.clone(), reg(), el.clone()).prop_map(|(cpu, reg, el)| Op::Read { cpu, reg, el }),
         8 => (cpu.clone(), reg(), el, value()).prop_map(|(cpu, reg, el, value)| Op::Write { cpu, reg, el, value }),
         3 => (cpu.clone(), any::<bool>(), function(), arg, edge_u64())
@@ -205,9 +217,9 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
             .prop_map(|(cpu, interval, fold)| Op::Sample { cpu, interval, fold }),
         2 => (cpu.clone(), 0..3_000_000u64, any::<bool>())
             .prop_map(|(cpu, delay, running)| Op::Thread { cpu, delay, running }),
-        3 => (0..2_000_000u64, prop_oneof![0..5_000_000u64, Just(1 << 40)])
+        3 => (0..2_000_000u64, prop_oneof![8 => 0..5_000_000u64, 1 => Just(1 << 26)])
             .prop_map(|(host_ns, vm_ns)| Op::Time { host_ns, vm_ns }),
-        3 => (cpu.clone(), 0..12usize, prop_oneof![0..100u64, 1..(1u64 << 34)])
+        3 => (cpu.clone(), 0..12usize, prop_oneof![8 => 0..1000u64, 1 => 1..(1u64 << 28)])
             .prop_map(|(cpu, slot, n)| Op::Events { cpu, slot, n }),
         1 => cpu.clone().prop_map(|cpu| Op::PmuDue { cpu }),
         1 => cpu.clone().prop_map(|cpu| Op::Save { cpu }),

@@ -273,6 +273,12 @@ enum Op {
     PmuDue {
         cpu: usize,
     },
+    /// RDPMC, the engine's callback (a sync), RDPMC again: a counter read
+    /// twice with nothing counted between must read the same.
+    ReadTwice {
+        cpu: usize,
+        ecx: u32,
+    },
     Lvtt {
         cpu: usize,
         mode: u32,
@@ -355,9 +361,32 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
             cpl,
             long_mode,
         });
+    // Programming that makes counters count: an enabled select of an
+    // event rustkvm counts (Intel's or AMD's numbers), the fixed counters.
+    let program = prop_oneof![
+        (
+            prop_oneof![
+                0x186..0x18eu32,
+                0xc001_0000..0xc001_0004u32,
+                (0..6u32).prop_map(|i| 0xc001_0200 + 2 * i)
+            ],
+            prop::sample::select(vec![0xc0u64, 0xc4, 0x3c, 0x13c, 0xc2, 0x76]),
+            0..8u64,
+        )
+            .prop_map(|(msr, ev, f)| (msr, ev | 1 << 22 | (f & 3) << 16 | (f >> 2) << 20)),
+        prop::sample::select(vec![0x333u64, 0xbbb, 0x3, 0x30]).prop_map(|v| (0x38d, v)),
+    ];
     prop_oneof![
+        4 => (cpu.clone(), program).prop_map(|(cpu, (msr, value))| Op::Wrmsr { cpu, msr, value }),
         8 => (cpu.clone(), msr(), value()).prop_map(|(cpu, msr, value)| Op::Wrmsr { cpu, msr, value }),
         6 => (cpu.clone(), msr()).prop_map(|(cpu, msr)| Op::Rdmsr { cpu, msr }),
+        // Counter reads, often, so that one is read twice with a change
+        // between.
+        4 => (
+            cpu.clone(),
+            prop_oneof![0xc1..0xc5u32, 0x309..0x30cu32, 0xc001_0004..0xc001_0008u32, (0..6u32).prop_map(|i| 0xc001_0201 + 2 * i)],
+        )
+            .prop_map(|(cpu, msr)| Op::Rdmsr { cpu, msr }),
         3 => (cpu.clone(), prop_oneof![0..8u32, (0..4u32).prop_map(|i| 1 << 30 | i), any::<u32>()])
             .prop_map(|(cpu, ecx)| Op::Rdpmc { cpu, ecx }),
         2 => (cpu.clone(), call).prop_map(|(cpu, call)| Op::Hypercall { cpu, call }),
@@ -367,11 +396,15 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
             .prop_map(|(cpu, interval, fold)| Op::Sample { cpu, interval, fold }),
         2 => (cpu.clone(), 0..3_000_000u64, 0..2_000_000u64, any::<bool>(), any::<bool>())
             .prop_map(|(cpu, delay, cpu_ns, running, runnable)| Op::Thread { cpu, delay, cpu_ns, running, runnable }),
-        3 => (prop_oneof![0..2_000_000u64, Just(50_000u64)], prop_oneof![0..5_000_000u64, Just(1 << 40)])
+        3 => (prop_oneof![0..2_000_000u64, Just(50_000u64)], prop_oneof![8 => 0..5_000_000u64, 1 => Just(1 << 30)])
             .prop_map(|(host_ns, vm_ns)| Op::Time { host_ns, vm_ns }),
-        3 => (cpu.clone(), 0..4usize, prop_oneof![0..100u64, 1..(1u64 << 49)])
+        // Mostly few events, so that a counter read twice tells something
+        // (a budget past 2^48 would allow any value).
+        3 => (cpu.clone(), 0..4usize, prop_oneof![8 => 0..1000u64, 1 => 1..(1u64 << 40)])
             .prop_map(|(cpu, slot, n)| Op::Events { cpu, slot, n }),
-        1 => cpu.clone().prop_map(|cpu| Op::PmuDue { cpu }),
+        2 => cpu.clone().prop_map(|cpu| Op::PmuDue { cpu }),
+        2 => (cpu.clone(), prop_oneof![0..6u32, (0..3u32).prop_map(|i| 1 << 30 | i)])
+            .prop_map(|(cpu, ecx)| Op::ReadTwice { cpu, ecx }),
         1 => (cpu.clone(), 0..4u32).prop_map(|(cpu, mode)| Op::Lvtt { cpu, mode }),
         1 => cpu.clone().prop_map(|cpu| Op::Save { cpu }),
         1 => (cpu.clone(), 0..4usize).prop_map(|(cpu, slot)| Op::Load { cpu, slot }),
@@ -610,6 +643,11 @@ impl World {
                 self.budget(Some(cpu), n);
             }
             Op::PmuDue { cpu } => self.vcpus[cpu].pmu_due(),
+            Op::ReadTwice { cpu, ecx } => {
+                self.rdpmc(cpu, ecx)?;
+                self.vcpus[cpu].pmu_due();
+                self.rdpmc(cpu, ecx)?;
+            }
             Op::Lvtt { cpu, mode } => self.vcpus[cpu].lvtt_write(mode << 17, false),
             Op::Save { cpu } => {
                 let m = self.vcpus[cpu].save_msrs();
@@ -1071,6 +1109,7 @@ fn op_cpu(op: &Op) -> Option<usize> {
         | Op::Enter { cpu }
         | Op::Exit { cpu, .. }
         | Op::PmuDue { cpu }
+        | Op::ReadTwice { cpu, .. }
         | Op::Lvtt { cpu, .. }
         | Op::Save { cpu }
         | Op::Load { cpu, .. }
