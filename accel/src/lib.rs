@@ -17,6 +17,8 @@ pub mod ffi;
 pub mod host;
 pub mod info;
 pub mod memory;
+#[cfg(test)]
+mod proptests;
 pub mod steal;
 pub mod vcpu;
 pub mod vm;

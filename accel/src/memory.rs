@@ -166,6 +166,19 @@ pub mod tests {
                 .filter(|(g, b)| *g < base || g + b.len() as u64 > base + len)
                 .count()
         }
+        /// (gpa, length) of every write after the first `skip`, in order.
+        pub fn writes_since(&self, skip: usize) -> Vec<(u64, usize)> {
+            self.log
+                .lock()
+                .iter()
+                .skip(skip)
+                .map(|(g, b)| (*g, b.len()))
+                .collect()
+        }
+        /// The RAM's size in bytes.
+        pub fn size(&self) -> u64 {
+            self.bytes.lock().len() as u64
+        }
         /// Writes at exactly `gpa` since the first `skip` writes.
         pub fn byte_writes(&self, gpa: u64, skip: usize) -> usize {
             self.log

@@ -693,7 +693,7 @@ impl Vcpu {
             match l.pmu.read_msr(index, &ev) {
                 Some(v) => Route::Handled(v),
                 // Not this PMU's: KVM still reads the legacy ones as 0.
-                None if pmu::kvm_reads_as_zero(index) => Route::Handled(0),
+                None if !l.pmu.claims(index) && pmu::kvm_reads_as_zero(index) => Route::Handled(0),
                 None => Route::Fault,
             }
         }))
@@ -717,7 +717,7 @@ impl Vcpu {
                     Route::Handled(())
                 }
                 // Not this PMU's: KVM still ignores writes to the legacy ones.
-                Err(_) if !l.pmu.is_pmu_msr(index) && pmu::kvm_reads_as_zero(index) => {
+                Err(_) if !l.pmu.claims(index) && pmu::kvm_reads_as_zero(index) => {
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
@@ -1421,6 +1421,32 @@ mod tests {
         assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0));
         assert_eq!(v.rdmsr(0xc001_0200), Route::Fault);
         assert_eq!(v.rdpmc(4), Route::Fault);
+    }
+
+    /// Found by the property tests: with PerfMonV2 and fewer than 4
+    /// counters, the K7 MSRs of the missing ones #GP (KVM's
+    /// `amd_is_valid_msr` claims the K7 range whenever the PMU exists, and
+    /// `amd_pmu_get_msr` / `amd_pmu_set_msr` find no counter); they read 0
+    /// only on a vCPU whose PMU does not claim them.
+    #[test]
+    fn amd_k7_msrs_of_counters_a_perfmon_v2_pmu_lacks_fault() {
+        let vm = crate::Vm::new(
+            crate::VmConfig::new(Arch::X86_64, 1, false)
+                .unwrap()
+                .with_pmu_counters(2)
+                .unwrap(),
+        );
+        let v = vm.create_vcpu(0).unwrap();
+        let v2 = PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2;
+        v.x86_setup(0, 0, v2, std::ptr::null_mut());
+        assert_eq!(v.rdmsr(0xc001_0005), Route::Handled(0), "counter 1 exists");
+        for msr in [0xc001_0002, 0xc001_0003, 0xc001_0006, 0xc001_0007] {
+            assert_eq!(v.rdmsr(msr), Route::Fault, "{msr:#x}");
+            assert_eq!(v.wrmsr(msr, 0), Route::Fault, "{msr:#x}");
+        }
+        assert_eq!(v.rdmsr(0xc1), Route::Handled(0), "Intel's legacy MSRs: 0");
+        v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
+        assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0), "no PMU: 0");
     }
 
     #[test]

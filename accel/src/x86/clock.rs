@@ -240,18 +240,18 @@ impl X86Clock {
             return;
         }
         let version = (u32::from_le_bytes([old[0], old[1], old[2], old[3]]).wrapping_add(1)) | 1;
-        if !mem.store_u32(gpa + pvti::VERSION, version) {
+        if !put_u32(mem, gpa + pvti::VERSION, version) {
             return;
         }
         write_barrier();
         let (shift, mul) = rate.pvclock_scale();
-        let _ = mem.store_u64(gpa + pvti::TSC_TIMESTAMP, self.tsc_offset);
-        let _ = mem.store_u64(gpa + pvti::SYSTEM_TIME, 0);
-        let _ = mem.store_u32(gpa + pvti::MUL, mul);
+        put_u64(mem, gpa + pvti::TSC_TIMESTAMP, self.tsc_offset);
+        put_u64(mem, gpa + pvti::SYSTEM_TIME, 0);
+        put_u32(mem, gpa + pvti::MUL, mul);
         let flags = if stable { PVCLOCK_TSC_STABLE_BIT } else { 0 };
         let _ = mem.write(gpa + pvti::SHIFT, &[shift as u8, flags]);
         write_barrier();
-        let _ = mem.store_u32(gpa + pvti::VERSION, version.wrapping_add(1));
+        put_u32(mem, gpa + pvti::VERSION, version.wrapping_add(1));
     }
 
     /// LVT timer register written with `lvt`: a mode change disarms the
@@ -317,6 +317,27 @@ impl X86Clock {
         }
         self.tsc_deadline = 0;
         true
+    }
+}
+
+/// A `u32` field of a PV structure, as KVM stores it through its mapping
+/// of the guest page: one single-copy-atomic store where the field is
+/// 4-byte aligned, else the bytes (MSR_KVM_SYSTEM_TIME takes any even GPA,
+/// and KVM writes the structure there all the same). False if not RAM.
+fn put_u32(mem: &dyn GuestMemory, gpa: u64, value: u32) -> bool {
+    if gpa % 4 == 0 {
+        mem.store_u32(gpa, value)
+    } else {
+        mem.write(gpa, &value.to_le_bytes())
+    }
+}
+
+/// As [`put_u32`], a `u64` field (one store where 8-byte aligned).
+fn put_u64(mem: &dyn GuestMemory, gpa: u64, value: u64) -> bool {
+    if gpa % 8 == 0 {
+        mem.store_u64(gpa, value)
+    } else {
+        mem.write(gpa, &value.to_le_bytes())
     }
 }
 
@@ -425,6 +446,37 @@ mod tests {
                 (at(pvti::VERSION), 4),
             ]
         );
+    }
+
+    /// Found by the property tests: a kvmclock at a GPA that is even but not
+    /// 8-byte aligned (the MSR takes any) was left with its `u64` fields
+    /// unwritten (at 2 mod 4, not written at all), and the guest's clock
+    /// jumped back after the next TSC change. KVM writes it wherever it is.
+    #[test]
+    fn an_unaligned_pvclock_is_written_whole_and_converts_exactly() {
+        let r = TscRate::default();
+        for gpa in [0x1004u64, 0x1002, 0x100e] {
+            let ram = FakeRam::new(0x2000);
+            let mut c = X86Clock {
+                system_time_msr: gpa | 1,
+                ..Default::default()
+            };
+            let _ = c.write_tsc(r, 1_000, 77);
+            c.write_pvclock(&ram, r, true);
+            let mut b = [0u8; 32];
+            assert!(ram.read(gpa, &mut b));
+            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+            assert_eq!(
+                u32::from_le_bytes(b[0..4].try_into().unwrap()),
+                2,
+                "{gpa:#x}"
+            );
+            let mul = u32::from_le_bytes(b[24..28].try_into().unwrap());
+            let guest =
+                word(16) + scale_delta(c.tsc(r, 5_000).wrapping_sub(word(8)), mul, b[28] as i8);
+            assert_eq!(guest, 5_000, "{gpa:#x}");
+            assert_eq!(ram.writes_outside(gpa, 32), 0);
+        }
     }
 
     #[test]

@@ -66,13 +66,15 @@ pub const MSR_K7_PERFCTR0: u32 = 0xc001_0004;
 /// AMD MSR_F15H_PERF_CTL0: PerfCtrExtCore selects, 0xC0010200 + 2i; the
 /// counters are interleaved at 0xC0010201 + 2i (APM vol. 2 §13.2).
 pub const MSR_F15H_PERF_CTL0: u32 = 0xc001_0200;
-/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS (read-only).
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS (read-only: guest
+/// writes are ignored).
 pub const MSR_AMD64_GLOBAL_STATUS: u32 = 0xc000_0300;
 /// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_CTL.
 pub const MSR_AMD64_GLOBAL_CTL: u32 = 0xc000_0301;
 /// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS_CLR (write 1 to clear).
 pub const MSR_AMD64_GLOBAL_STATUS_CLR: u32 = 0xc000_0302;
-/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS_SET (writes ignored).
+/// AMD PerfMonV2 MSR_AMD64_PERF_CNTR_GLOBAL_STATUS_SET (write 1 to set;
+/// reads 0).
 pub const MSR_AMD64_GLOBAL_STATUS_SET: u32 = 0xc000_0303;
 /// Bits KVM drops from AMD event-select writes (`amd_pmu_refresh`:
 /// `reserved_bits`; bits 19, 21 and 36–63, so also HostOnly/GuestOnly).
@@ -865,6 +867,18 @@ impl Pmu {
             || (index == MSR_IA32_PERF_CAPABILITIES && self.config.full_width_writes)
     }
 
+    /// Whether KVM takes `index` as this PMU's (`kvm_pmu_is_valid_msr`):
+    /// its MSRs and, for AMD, every K7 MSR whenever the PMU exists
+    /// (`amd_is_valid_msr`), so that those of counters it lacks (PerfMonV2
+    /// with fewer than 4) #GP instead of reading 0 as the legacy MSRs of a
+    /// PMU that does not claim them ([`kvm_reads_as_zero`]).
+    pub fn claims(&self, index: u32) -> bool {
+        self.is_pmu_msr(index)
+            || (self.config.vendor == Vendor::Amd
+                && self.config.version != 0
+                && (MSR_K7_EVNTSEL0..MSR_K7_PERFCTR0 + 4).contains(&index))
+    }
+
     /// RDMSR; None for an MSR this PMU does not have (#GP).
     pub fn read_msr(&self, index: u32, ev: &Events) -> Option<u64> {
         if self.config.vendor == Vendor::Amd {
@@ -1102,18 +1116,19 @@ impl Pmu {
         Some(match self.amd_msr(index)? {
             AmdMsr::Select(i) => s.evtsel[i],
             AmdMsr::Counter(i) => self.value(Which::Gp(i), ev),
-            AmdMsr::GlobalStatus | AmdMsr::GlobalStatusSet => {
-                s.global_status | self.pending_status(ev)
-            }
+            AmdMsr::GlobalStatus => s.global_status | self.pending_status(ev),
             AmdMsr::GlobalCtl => s.global_ctrl,
-            AmdMsr::GlobalStatusClr => 0,
+            AmdMsr::GlobalStatusClr | AmdMsr::GlobalStatusSet => 0,
         })
     }
 
     /// WRMSR of an AMD PMU (`kvm_pmu_set_msr`, `amd_pmu_set_msr`): counters
     /// take 48 bits; event selects and GLOBAL_CTL drop reserved bits
-    /// silently; GLOBAL_STATUS is read-only (#GP), STATUS_SET ignores the
-    /// guest ("read-only per the PPR"), STATUS_CLR clears.
+    /// silently; GLOBAL_STATUS ignores guest writes ("Per PPR, Read-only
+    /// MSR. Writes are ignored."; no #GP: that is Intel's), STATUS_CLR
+    /// clears and STATUS_SET sets status bits of counters that exist (KVM
+    /// emulates it since "KVM: x86/pmu: Emulate PERF_CNTR_GLOBAL_STATUS_SET
+    /// for PerfMonV2", a stable fix of 2025).
     fn amd_write_msr(&mut self, index: u32, value: u64, ev: &Events) -> Result<u64, X86Error> {
         let Some(msr) = self.amd_msr(index).filter(|_| self.config.version != 0) else {
             return Err(X86Error::ReservedBits { msr: index, value });
@@ -1133,8 +1148,11 @@ impl Pmu {
                 self.state.evtsel[i] = value & !AMD_EVTSEL_RESERVED;
                 Which::Gp(i).bit()
             }
-            AmdMsr::GlobalStatus => return Err(X86Error::ReservedBits { msr: index, value }),
-            AmdMsr::GlobalStatusSet => return Ok(pmi),
+            AmdMsr::GlobalStatus => return Ok(pmi),
+            AmdMsr::GlobalStatusSet => {
+                self.state.global_status |= value & self.config.global_ctrl_mask();
+                return Ok(pmi);
+            }
             AmdMsr::GlobalStatusClr => {
                 self.state.global_status &= !value;
                 return Ok(pmi);
@@ -1538,16 +1556,12 @@ mod tests {
         let e1 = ev(8, 4);
         assert_eq!(p.sync(&e1), 1, "wrapped with INT: a PMI");
         assert_eq!(p.read_msr(0xc000_0300, &e1), Some(1), "GLOBAL_STATUS");
-        assert!(
-            p.write_msr(0xc000_0300, 0, &e1).is_err(),
-            "GLOBAL_STATUS is read-only"
-        );
-        p.write_msr(0xc000_0303, 0x3e, &e1).unwrap();
         assert_eq!(
-            p.read_msr(0xc000_0303, &e1),
-            Some(1),
-            "STATUS_SET ignores the guest"
+            p.write_msr(0xc000_0300, 0, &e1),
+            Ok(0),
+            "GLOBAL_STATUS ignores guest writes, without #GP"
         );
+        assert_eq!(p.read_msr(0xc000_0300, &e1), Some(1));
         assert_eq!(p.read_msr(0xc000_0302, &e1), Some(0));
         p.write_msr(0xc000_0302, 1, &e1).unwrap();
         assert_eq!(p.read_msr(0xc000_0300, &e1), Some(0), "STATUS_CLR clears");
@@ -1560,6 +1574,33 @@ mod tests {
         let mut r = Pmu::new(PmuConfig::amd(true, true, 6));
         r.load(&saved, &e0);
         assert_eq!(r.save(&e0), saved);
+    }
+
+    /// Found by the property tests: AMD's status registers as
+    /// `kvm_pmu_set_msr` / `kvm_pmu_get_msr` answer them (kvm-unit-tests'
+    /// check in the STATUS_SET patch's review: SET -1 then STATUS = the
+    /// counters' bits, CLR -1 then 0).
+    #[test]
+    fn amd_status_set_sets_counters_bits_and_status_ignores_guest_writes() {
+        let mut p = Pmu::new(PmuConfig::amd(true, true, 6));
+        let e = ev(0, 0);
+        assert_eq!(p.write_msr(0xc000_0303, u64::MAX, &e), Ok(0));
+        assert_eq!(
+            p.read_msr(0xc000_0300, &e),
+            Some(0x3f),
+            "bits 63:6 reserved"
+        );
+        assert_eq!(p.read_msr(0xc000_0303, &e), Some(0), "STATUS_SET reads 0");
+        assert_eq!(p.write_msr(0xc000_0300, 0, &e), Ok(0), "no #GP");
+        assert_eq!(p.read_msr(0xc000_0300, &e), Some(0x3f), "and no change");
+        p.write_msr(0xc000_0302, u64::MAX, &e).unwrap();
+        assert_eq!(p.read_msr(0xc000_0300, &e), Some(0));
+        p.write_msr(0xc000_0303, 0, &e).unwrap();
+        assert_eq!(p.read_msr(0xc000_0300, &e), Some(0));
+        // NumCorePmc 2: only counters 0 and 1 have status bits.
+        let mut q = Pmu::new(PmuConfig::amd(true, true, 2));
+        q.write_msr(0xc000_0303, u64::MAX, &e).unwrap();
+        assert_eq!(q.read_msr(0xc000_0300, &e), Some(0x3));
     }
 
     #[test]
