@@ -198,15 +198,94 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
     }
 }
 
+/// A measure as a number.
+fn number(r: &run::RunResult, key: &str) -> u64 {
+    measure(r, key)
+        .parse()
+        .unwrap_or_else(|_| panic!("measure {key} is not a number in\n{}", r.outcome.serial))
+}
+
+/// Instructions per iteration of the guests' progress counter
+/// (`guest::steal::PROGRESS_INSNS`): the other vCPU's executed instructions
+/// are known to within one iteration.
+const PROGRESS_INSNS: u64 = 5;
+
 #[test]
 fn x86_steal_time_under_icount_is_vm_time() {
     let _serial = serial();
-    // A lone vCPU under -icount: nobody else runs in VM time, and the
-    // host's scheduling does not move VM time, so exactly 0 whatever the
-    // host does (host time used to give it the thread's run delay).
+    // Under -icount shift=0 an instruction is 1 ns of VM time, the vCPUs
+    // take turns on one thread, and steal is the VM time a runnable vCPU
+    // waited: what the other executed meanwhile (docs/steal-time.md). So,
+    // whatever the host does, exactly:
+    let t = find_test("x86-steal-time");
+    // A lone vCPU: nobody else runs in VM time, and the host's scheduling
+    // does not move VM time, so 0 (host time used to give it the thread's
+    // run delay).
     let r = run_one("x86-steal-time", Arch::X86_64, Variant::Icount);
     assert_pass(&r, "icount");
-    assert_eq!(measure(&r, "steal-ns"), "0", "{}", r.outcome.serial);
+    let ctx = &r.outcome.serial;
+    assert_eq!(measure(&r, "alone"), "1", "{ctx}");
+    assert_eq!(number(&r, "steal-ns"), 0, "{ctx}");
+    assert_eq!(number(&r, "alone.stolen-ns"), 0, "{ctx}");
+    // Two vCPUs, the second started only for the shared window.
+    let smp2 = run::RunOptions {
+        qemu_args: vec!["-smp".into(), "2".into()],
+        ..Default::default()
+    };
+    let r = run::run_with(&t, Arch::X86_64, Variant::Icount, Backend::Rustkvm, &smp2).expect("ran");
+    assert_pass(&r, "icount, 2 vCPUs");
+    let n = |k: &str| number(&r, k);
+    let ctx = &r.outcome.serial;
+    assert_eq!(measure(&r, "alone"), "0", "{ctx}");
+    // Before the second vCPU is started: nothing stolen.
+    assert_eq!(n("steal-ns"), 0, "{ctx}");
+    assert_eq!(n("alone.stolen-ns"), 0, "{ctx}");
+    // Both windows clean (no steal landed just outside them).
+    assert_eq!((n("alone.clean"), n("shared.clean")), (1, 1), "{ctx}");
+    // Sharing: the stolen time is what the second vCPU executed while the
+    // first waited, as its progress counter says (to within an iteration),
+    // and it did run.
+    let (stolen, ran) = (n("shared.stolen-ns"), n("shared.cpu1-insns"));
+    assert!(stolen > 0, "{ctx}");
+    assert!(
+        stolen.abs_diff(ran) < PROGRESS_INSNS,
+        "stolen {stolen} ns, the other vCPU executed {ran} instructions\n{ctx}"
+    );
+    // And the rest of the elapsed VM time is the window's own instructions,
+    // exactly as many as when it ran alone (TSC: 2 GHz, rustkvm's default).
+    assert_eq!(
+        n("shared.elapsed-ticks") - 2 * stolen,
+        n("alone.elapsed-ticks"),
+        "{ctx}"
+    );
+}
+
+/// A lone vCPU waits for nobody but the host's other work: well below the
+/// time the guest takes. How long the host keeps its thread waiting is the
+/// host's load: a statistic (the guest's old `lone-vcpu-little-steal`
+/// check; under -icount it is exactly 0, checked above).
+#[test]
+#[ignore = "host scheduler statistics: run by scripts/soak-guests.sh"]
+fn x86_a_lone_vcpu_gets_little_steal_from_the_host() {
+    let _serial = serial();
+    let t = find_test("x86-steal-time");
+    for (variant, backend) in [
+        (Variant::Default, Backend::Rustkvm),
+        (Variant::MttcgSmp2, Backend::Rustkvm),
+        (Variant::RrSmp2, Backend::Rustkvm),
+        (Variant::Default, Backend::Kvm),
+    ] {
+        let r = run::run(&t, Arch::X86_64, variant, backend).expect("ran");
+        if backend == Backend::Kvm && matches!(r.outcome.status, Status::Skip(_)) {
+            continue;
+        }
+        assert_pass(&r, format_args!("{variant}/{backend}"));
+        let steal = number(&r, "steal-ns");
+        assert!(
+            steal < 500_000_000,
+            "{variant}/{backend}: a lone vCPU got {steal} ns of steal"
+        );
+    }
 }
 
 #[test]
@@ -264,8 +343,17 @@ fn x86_kick_cpu_wakes_a_halted_vcpu_and_preempted_is_seen_when_descheduled() {
             );
         }
     }
-    // MTTCG with both vCPU threads on one host CPU: the host deschedules
-    // vCPU 1's thread while vCPU 0's runs, and the sampler reports it.
+}
+
+/// MTTCG with both vCPU threads on one host CPU: the host deschedules vCPU
+/// 1's thread while vCPU 0's runs, and the sampler (or the spinning vCPU 0)
+/// reports it. Whether and when the host deschedules a thread is its
+/// scheduler's business: a statistic, not a verdict of the test command.
+#[test]
+#[ignore = "host scheduler statistics: run by scripts/soak-guests.sh"]
+fn x86_preempted_is_seen_when_mttcg_vcpu_threads_share_a_host_cpu() {
+    let _serial = serial();
+    let t = &find_test("x86-kvm-pv-smp");
     let opts = run::RunOptions {
         pin_cpu: Some(0),
         ..Default::default()
@@ -309,13 +397,56 @@ fn arm_run(name: &str, variant: Variant, opts: run::RunOptions) -> run::RunResul
 #[test]
 fn arm64_pv_stolen_time_grows_only_when_vcpus_share_a_thread() {
     let _serial = serial();
-    let permille =
-        |r: &run::RunResult| -> u64 { measure(r, "cpu0.stolen-permille").parse().expect("number") };
-    // Two busy vCPUs taking turns on one thread: vCPU 0 waits about half.
+    // Under -icount shift=0 an instruction is 1 ns of VM time and the vCPUs
+    // take turns on one thread: stolen time is VM time, exactly.
+    let r = arm_run("arm-pv-time", Variant::Icount, Default::default());
+    let n = |k: &str| number(&r, k);
+    let ctx = &r.outcome.serial;
+    // Before vCPU 1 is on, nobody takes vCPU 0's turns: nothing stolen.
+    assert_eq!(n("alone.stolen-ns"), 0, "{ctx}");
+    assert_eq!(measure(&r, "alone"), "0", "{ctx}");
+    assert_eq!((n("alone.clean"), n("shared.clean")), (1, 1), "{ctx}");
+    // With vCPU 1 counting, vCPU 0's stolen time is what vCPU 1 executed
+    // while it waited (its progress counter, to within one iteration)...
+    let (stolen, ran) = (n("shared.stolen-ns"), n("shared.cpu1-insns"));
+    assert!(stolen > 0, "{ctx}");
+    assert!(
+        stolen.abs_diff(ran) < PROGRESS_INSNS,
+        "stolen {stolen} ns, vCPU 1 executed {ran} instructions\n{ctx}"
+    );
+    // ... and the rest of the elapsed time is the window's own
+    // instructions, exactly as many as alone.
+    assert_eq!(n("shared.own-ns"), n("alone.own-ns"), "{ctx}");
+    // Alone on the machine: nobody takes its turns.
+    let alone = run::RunOptions {
+        qemu_args: vec!["-smp".into(), "1".into()],
+        ..Default::default()
+    };
+    let r = arm_run("arm-pv-time", Variant::Icount, alone);
+    assert_eq!(measure(&r, "alone"), "1");
+    assert_eq!(number(&r, "alone.clean"), 1, "{}", r.outcome.serial);
+    assert_eq!(number(&r, "alone.stolen-ns"), 0, "{}", r.outcome.serial);
+    // kvm-steal-time=off: no structure, PV_TIME_ST is NOT_SUPPORTED.
+    let off = run::RunOptions {
+        qemu_args: vec!["-cpu".into(), "max,kvm-steal-time=off".into()],
+        ..Default::default()
+    };
+    let r = arm_run("arm-pv-time", Variant::Default, off);
+    assert_eq!(measure(&r, "pv-time"), "off");
+}
+
+/// The same in host time: two busy vCPUs taking turns on one thread
+/// (`thread=single`), vCPU 0 waits about half of the window; alone on its
+/// thread, about none. How much the host itself keeps the thread waiting
+/// adds to both: a host statistic.
+#[test]
+#[ignore = "host scheduler statistics: run by scripts/soak-guests.sh"]
+fn arm64_pv_stolen_time_in_host_time_is_about_half_when_vcpus_share_a_thread() {
+    let _serial = serial();
+    let permille = |r: &run::RunResult| number(r, "cpu0.stolen-permille");
     let r = arm_run("arm-pv-time", Variant::RrSmp2, Default::default());
     assert_eq!(measure(&r, "alone"), "0");
     assert!((250..=800).contains(&permille(&r)), "{}", permille(&r));
-    // Alone on its thread: nobody takes its turn.
     let alone = run::RunOptions {
         qemu_args: vec!["-smp".into(), "1".into()],
         accel_opts: vec!["thread=single".into()],
@@ -324,13 +455,6 @@ fn arm64_pv_stolen_time_grows_only_when_vcpus_share_a_thread() {
     let r = arm_run("arm-pv-time", Variant::Default, alone);
     assert_eq!(measure(&r, "alone"), "1");
     assert!(permille(&r) < 150, "{}", permille(&r));
-    // kvm-steal-time=off: no structure, PV_TIME_ST is NOT_SUPPORTED.
-    let off = run::RunOptions {
-        qemu_args: vec!["-cpu".into(), "max,kvm-steal-time=off".into()],
-        ..Default::default()
-    };
-    let r = arm_run("arm-pv-time", Variant::Default, off);
-    assert_eq!(measure(&r, "pv-time"), "off");
 }
 
 #[test]
@@ -549,9 +673,11 @@ fn migrate_midway(arch: Arch, name: &str, variant: Variant, smp: u32) -> String 
     let _ = hmp(&mut mon, "quit");
     let _ = src.wait();
 
-    // Destination: resume from the file and let the guest finish its checks.
+    // Destination: resume from the file and let the guest finish its checks
+    // (a hang guard: under -icount a loaded host takes minutes for the
+    // guest's seconds of VM time).
     let dst = Command::new("timeout")
-        .arg("60")
+        .arg("300")
         .arg(&exe)
         .args(&args)
         .args(["-incoming", &format!("exec:cat {}", state.display())])
@@ -578,7 +704,11 @@ fn x86_steal_time_msr_survives_migration() {
 #[test]
 fn arm64_pv_stolen_time_keeps_updating_after_migration() {
     let _serial = serial();
-    let serial = migrate_midway(Arch::Aarch64, "arm-pv-time-migrate", Variant::RrSmp2, 2);
+    // Under -icount: the other vCPU's turns come in VM time, so every one
+    // of the guest's windows holds some, however the host schedules QEMU
+    // (under thread=single a host stall longer than a window left it with
+    // none).
+    let serial = migrate_midway(Arch::Aarch64, "arm-pv-time-migrate", Variant::Icount, 2);
     assert!(serial.contains("ok stolen-time-kept-growing"), "{serial}");
 }
 
@@ -1426,7 +1556,11 @@ fn steal_time_selftest(arch: Arch, backend: Backend) {
     );
 }
 
+/// Forcing run delay on a host thread (the selftest's way) is the host
+/// scheduler's doing: how fast the hog gets it there, and when rustkvm's
+/// sampler folds it in, are host statistics.
 #[test]
+#[ignore = "host scheduler statistics: run by scripts/soak-guests.sh"]
 fn steal_time_follows_the_kvm_selftest_on_every_backend() {
     let _serial = serial();
     steal_time_selftest(Arch::X86_64, Backend::Rustkvm);

@@ -24,6 +24,7 @@ pub mod cross;
 #[cfg(target_arch = "aarch64")]
 pub mod gic;
 pub mod paging;
+pub mod steal;
 pub mod workload;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_pmu;
@@ -82,6 +83,15 @@ pub fn fw_cfg_file(name: &str, buf: &mut [u8]) -> Option<usize> {
         }
     }
     None
+}
+
+/// The number of vCPUs the machine started with (fw_cfg's FW_CFG_NB_CPUS,
+/// QEMU's `-smp` cpus, little-endian).
+pub fn boot_cpus() -> u16 {
+    /// FW_CFG_NB_CPUS.
+    const FW_CFG_NB_CPUS: u16 = 0x05;
+    arch::fw_cfg_select(FW_CFG_NB_CPUS);
+    u16::from(arch::fw_cfg_read()) | (u16::from(arch::fw_cfg_read()) << 8)
 }
 
 /// The backend the runner says runs this guest (None: not told).

@@ -1,9 +1,10 @@
 //! rustkvm-test: arch=aarch64 smp=2 compare=off matrix=off
 //!
 //! PV stolen time across savevm/loadvm or migration: both vCPUs spin on one
-//! host thread (the host test boots it with `thread=single`), vCPU 0 calls
-//! PV_TIME_ST, prints "ready", then for 3 s of counter time checks that its
-//! `stolen_time` grows in every 500 ms window. The host test migrates the VM
+//! host thread (the host test boots it with `-icount`: VM time, so each
+//! window surely holds the other vCPU's turns, whatever the host's load),
+//! vCPU 0 calls PV_TIME_ST, prints "ready", then for 3 s of counter time
+//! checks that its `stolen_time` grows in every 500 ms window. The host test migrates the VM
 //! to a file and resumes it in a new QEMU in the middle; without the
 //! `cpu/rustkvm-pvtime` subsection the destination stops updating the
 //! structure. Not part of the matrix.

@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=aarch64 smp=2 compare=off vary=cpu0.stolen-permille,cpu1.st-base
+//! rustkvm-test: arch=aarch64 smp=2 compare=off vary=cpu0.stolen-permille,cpu1.st-base,alone.stolen-ns,alone.elapsed-ns,alone.own-ns,alone.clean,shared.stolen-ns,shared.elapsed-ns,shared.own-ns,shared.clean,shared.cpu1-insns
 //! rustkvm-expect: tcg=skip
 //!   (stock TCG answers SMCCC 1.0: no PV time)
 //!
@@ -8,10 +8,14 @@
 //! SMCCC_ARCH_FEATURES(PV_TIME_FEATURES), PV_TIME_FEATURES(PV_TIME_ST), then
 //! PV_TIME_ST per vCPU; unknown IDs and the 32-bit variants of the 64-bit
 //! calls answer NOT_SUPPORTED; the structure is zeroed (revision and
-//! attributes 0) and each vCPU has its own. Then both vCPUs spin for 500 ms
-//! of counter time and vCPU 0 reports how much of it was stolen (the host
-//! test expects about half when they share one host thread, about none
-//! alone). SKIPs where SMCCC is 1.0 (plain TCG).
+//! attributes 0) and each vCPU has its own. Then vCPU 0 measures its stolen
+//! time over a window of 2·10⁸ loop instructions (`guest::steal`), first
+//! alone, then while vCPU 1 counts the instructions it executes: the host
+//! test (tests/tests/guests.rs) checks under `-icount` that the stolen time
+//! is exactly what vCPU 1 executed meanwhile (0 alone), and, as a host
+//! statistic (scripts/soak-guests.sh), about half of the window when both
+//! share one host thread and about none alone. SKIPs where SMCCC is 1.0
+//! (plain TCG).
 //! Spec: Arm DEN0028, DEN0057A; Linux Documentation/virt/kvm/arm/pvtime.rst,
 //! arch/arm64/kvm/hypercalls.c, arch/arm64/kvm/pvtime.c.
 #![no_std]
@@ -28,8 +32,9 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "aarch64")]
 mod pv {
-    use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use core::sync::atomic::{AtomicU64, Ordering};
     use guest::arch::{self, hvc};
+    use guest::steal::{self, Window};
 
     /// SMCCC_ARCH_FEATURES.
     pub const ARCH_FEATURES: u32 = 0x8000_0001;
@@ -45,41 +50,40 @@ mod pv {
     pub const KVM_UID: [u64; 4] = [0xb66f_b428, 0xe911_c52e, 0x564b_caa9, 0x743a_004d];
     /// SMCCC_RET_NOT_SUPPORTED.
     pub const NOT_SUPPORTED: u64 = u64::MAX;
+    /// A window's loop: 2·10⁸ instructions (200 ms of VM time under
+    /// `-icount shift=0`).
+    pub const WINDOW_N: u64 = 100_000_000;
+    /// Windows tried until one is clean (`guest::steal`).
+    pub const TRIES: u32 = 4;
 
     /// vCPU 1's structure address, 0 until it called PV_TIME_ST.
     pub static CPU1_BASE: AtomicU64 = AtomicU64::new(0);
-    /// Set by vCPU 0 when vCPU 1 may stop spinning.
-    pub static DONE: AtomicBool = AtomicBool::new(false);
+    /// vCPU 1's progress (`guest::steal::count_progress`).
+    pub static PROGRESS: AtomicU64 = AtomicU64::new(0);
+    /// Set by vCPU 0 when vCPU 1 may stop counting.
+    pub static DONE: AtomicU64 = AtomicU64::new(0);
 
     /// One SMCCC call, x0 only.
     pub fn call(func: u32, arg: u64) -> u64 {
         hvc(func, [arg, 0, 0])[0]
     }
 
-    /// `stolen_time` of the structure at `base`.
-    pub fn stolen(base: u64) -> u64 {
-        // SAFETY: the structure is 64 bytes of RAM the hypervisor gave us,
-        // identity-mapped (MMU off); the host updates it, so read volatile.
-        unsafe { ((base + 8) as *const u64).read_volatile() }
-    }
-
-    /// Second vCPU: its own PV_TIME_ST, then spin until told to stop.
+    /// Second vCPU: its own PV_TIME_ST, then count until told to stop.
     pub fn secondary() {
         CPU1_BASE.store(call(PV_TIME_ST, 0), Ordering::Release);
-        while !DONE.load(Ordering::Acquire) {
-            core::hint::spin_loop();
-        }
+        steal::count_progress(&PROGRESS, &DONE);
     }
 
-    /// Spin for `ms` milliseconds of counter time; returns the ns elapsed.
-    pub fn spin_ms(ms: u64) -> u64 {
-        let (frq, c0) = (arch::cntfrq(), arch::cntvct());
-        let ticks = frq * ms / 1000;
-        let mut c = c0;
-        while c.wrapping_sub(c0) < ticks {
-            c = arch::cntvct();
-        }
-        c.wrapping_sub(c0) * 1_000_000_000 / frq
+    /// A clean window of vCPU 0 (structure at `base`).
+    pub fn window(base: u64) -> Window {
+        // SAFETY: `stolen_time` of the 64-byte structure PV_TIME_ST handed
+        // us (RAM, identity-mapped: the MMU is off).
+        unsafe { steal::clean_window(WINDOW_N, (base + 8) as *const u64, &PROGRESS, TRIES) }
+    }
+
+    /// Nanoseconds of `ticks` of the counter.
+    pub fn ns(ticks: u64) -> u64 {
+        (u128::from(ticks) * 1_000_000_000 / u128::from(arch::cntfrq().max(1))) as u64
     }
 }
 
@@ -151,8 +155,21 @@ fn main(t: &mut Test) {
     let head = unsafe { [words.read_volatile(), words.add(1).read_volatile()] };
     t.eq("revision-attributes-stolen-zeroed", head, [0, 0]);
 
+    // Alone: vCPU 1 is not on yet.
+    let first = window(base);
+    report(
+        t,
+        [
+            "alone.stolen-ns",
+            "alone.elapsed-ns",
+            "alone.own-ns",
+            "alone.clean",
+        ],
+        &first,
+    );
     let alone = arch::cpu_on(1, secondary) != 0;
     t.measure("alone", format_args!("{}", u8::from(alone)));
+    let mut last = first;
     if !alone {
         let mut b1 = 0;
         for _ in 0..100_000_000u64 {
@@ -164,18 +181,55 @@ fn main(t: &mut Test) {
         }
         t.eq("cpu1-has-the-next-structure", b1, base + 64);
         t.measure("cpu1.st-base", format_args!("{b1:#x}"));
+        // vCPU 1 is counting before the window starts.
+        let counting = (0..1_000_000_000u64).any(|_| PROGRESS.load(Ordering::Relaxed) != 0);
+        t.check("cpu1-counts", counting, format_args!("no progress"));
+        last = window(base);
+        report(
+            t,
+            [
+                "shared.stolen-ns",
+                "shared.elapsed-ns",
+                "shared.own-ns",
+                "shared.clean",
+            ],
+            &last,
+        );
+        t.measure(
+            "shared.cpu1-insns",
+            format_args!("{}", last.progress() * guest::steal::PROGRESS_INSNS),
+        );
     }
-    let s0 = stolen(base);
-    let ns = spin_ms(500);
-    let s1 = stolen(base);
-    DONE.store(true, Ordering::Release);
+    DONE.store(1, Ordering::Release);
+    let seen = [
+        first.stolen_before,
+        first.stolen_after,
+        last.stolen_before,
+        last.stolen_after,
+    ];
+    let seen = if alone { &seen[..2] } else { &seen[..] };
     t.check(
         "stolen-time-monotonic",
-        s1 >= s0,
-        format_args!("{s0} -> {s1}"),
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        format_args!("{seen:?}"),
     );
     t.measure(
         "cpu0.stolen-permille",
-        format_args!("{}", s1.saturating_sub(s0) * 1000 / ns.max(1)),
+        format_args!("{}", last.stolen() * 1000 / ns(last.ticks()).max(1)),
     );
+}
+
+/// Measures of one window (`guest::steal`): its stolen time, elapsed
+/// time, own time (elapsed minus stolen) in ns, and whether it is clean,
+/// under the four `keys`.
+#[cfg(target_arch = "aarch64")]
+fn report(t: &mut Test, keys: [&str; 4], w: &guest::steal::Window) {
+    let elapsed = pv::ns(w.ticks());
+    t.measure(keys[0], format_args!("{}", w.stolen()));
+    t.measure(keys[1], format_args!("{elapsed}"));
+    t.measure(
+        keys[2],
+        format_args!("{}", elapsed.wrapping_sub(w.stolen()) as i64),
+    );
+    t.measure(keys[3], format_args!("{}", u8::from(w.clean())));
 }
