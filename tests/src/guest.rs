@@ -9,7 +9,8 @@
 //! - `arch`: architectures the guest runs on (required);
 //! - `smp`: vCPUs to give it (default 1; the `mttcg-smp2` variant uses at
 //!   least 2);
-//! - `timeout`: seconds before the run is killed and reported FAIL (default 30);
+//! - `timeout`: seconds before the run is killed and reported FAIL (default
+//!   120: a hang guard, long enough for a loaded host);
 //! - `vary`: `measure` keys whose values legitimately differ between runs or
 //!   backends, left out of the cross-backend comparison;
 //! - `cpu`: the `-cpu` model (default: QEMU's default for the machine);
@@ -60,6 +61,8 @@ use crate::HarnessError;
 
 /// Marker that starts a metadata line.
 const MARKER: &str = "//! rustkvm-test:";
+/// A guest's `timeout` when it names none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Marker of the kvm_pvm SKIP reason line.
 const PVM_SKIP_MARKER: &str = "//! rustkvm-kvm-pvm-skip:";
 /// Marker of a line declaring the guest's outcome per configuration.
@@ -176,7 +179,9 @@ impl GuestTest {
             name: name.to_string(),
             arches: Vec::new(),
             smp: 1,
-            timeout: Duration::from_secs(30),
+            // A hang guard, not a speed test: a guest that takes seconds
+            // on an idle host may take a minute on a loaded one.
+            timeout: DEFAULT_TIMEOUT,
             vary: Vec::new(),
             cpu: None,
             machine: None,

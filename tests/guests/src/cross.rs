@@ -2,7 +2,9 @@
 //! the leader publishes its reading, the follower then reads its own and
 //! flags any value below the published one; repeated for up to `ROUNDS`
 //! rounds or until the leader's time budget runs out (round-robin TCG
-//! switches vCPUs only every few tens of ms).
+//! switches vCPUs only every few tens of ms), and at least once however
+//! long the follower takes to get there (the host's scheduling; the
+//! runner's timeout is the hang guard).
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -51,12 +53,13 @@ impl CrossCheck {
         }
     }
 
-    /// The leader: publish `clock` readings while `more()` says so; returns
-    /// (rounds completed, whether the follower ever saw time go backwards).
-    /// The follower stops too.
+    /// The leader: publish `clock` readings while `more()` says so, and
+    /// until the follower completed one round; returns (rounds completed,
+    /// whether the follower ever saw time go backwards). The follower stops
+    /// too.
     pub fn lead(&self, clock: impl Fn() -> u64, mut more: impl FnMut() -> bool) -> (u64, bool) {
         let mut round = 0;
-        while more() {
+        while more() || self.rounds.load(Ordering::Acquire) == 0 {
             let done = self.rounds.load(Ordering::Acquire);
             if done >= ROUNDS {
                 break;

@@ -5,8 +5,8 @@
 //! The local APIC's TSC-deadline mode (Intel SDM vol. 3 §11.5.4.1) as KVM
 //! implements it (`arch/x86/kvm/lapic.c`): IA32_TSC_DEADLINE writes are
 //! ignored and it reads 0 outside the mode; in the mode, the timer interrupt
-//! becomes pending when the TSC reaches the deadline, never before, and the
-//! MSR reads 0 afterwards; a deadline in the past fires at once; writing 0
+//! becomes pending when the TSC reaches the deadline, never before
+//! (`deadline.late-ticks` after it), and the MSR reads 0 afterwards; a deadline in the past fires at once; writing 0
 //! disarms; a huge deadline never fires; leaving the mode disarms.
 //! Interrupts stay disabled: the test watches the vector in the IRR.
 //! SKIPs where CPUID.1:ECX[24] is clear (plain TCG).
@@ -108,7 +108,10 @@ fn main(t: &mut Test) {
     let deadline = rdtsc() + 2_000_000;
     t.eq("arm", arm(0x40, deadline), Ok(()));
     t.eq("reads-back", arch::rdmsr(MSR_TSC_DEADLINE), Ok(deadline));
-    let seen = wait(0x40, 2_000_000_000);
+    // (Up to 10 s: a hang guard. How soon it fires is the host's
+    // scheduling, `deadline.late-ticks`: the host tests check it exactly
+    // under -icount and as a statistic in host time.)
+    let seen = wait(0x40, 20_000_000_000);
     t.check(
         "fires-not-before-deadline",
         seen.is_some_and(|s| s >= deadline),
@@ -116,11 +119,6 @@ fn main(t: &mut Test) {
     );
     let late = seen.map_or(u64::MAX, |s| s.wrapping_sub(deadline));
     t.measure("deadline.late-ticks", format_args!("{late}"));
-    t.check(
-        "fires-within-50ms",
-        late < 100_000_000,
-        format_args!("{late} ticks late"),
-    );
     t.eq(
         "disarmed-after-firing",
         arch::rdmsr(MSR_TSC_DEADLINE),
