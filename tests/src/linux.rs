@@ -39,6 +39,11 @@ pub struct Config {
     pub smp: u32,
     /// All vCPUs on one host thread (`thread=single`): overcommit.
     pub single_thread: bool,
+    /// `-icount shift=0,sleep=off`: VM time counts instructions (1 ns
+    /// each) and skips ahead while every vCPU idles, so the guest's clocks,
+    /// its steal time (docs/steal-time.md) and its timers follow what it
+    /// executes, not the host's scheduling; implies one TCG thread.
+    pub icount: bool,
     /// Seconds the guest idles before the probe runs (`rustkvm.soak=`):
     /// time for the clocksource watchdog to complain, if it would.
     pub soak_s: u32,
@@ -73,10 +78,10 @@ impl PmuModel {
 impl Config {
     /// `arch/backend[,thread=single]/smpN`.
     pub fn label(&self) -> String {
-        let thread = if self.single_thread {
-            ",thread=single"
-        } else {
-            ""
+        let thread = match (self.single_thread, self.icount) {
+            (_, true) => ",icount",
+            (true, false) => ",thread=single",
+            (false, false) => "",
         };
         let pmu = match self.pmu {
             PmuModel::Default => String::new(),
@@ -95,13 +100,13 @@ impl Config {
 /// `shard = (i, n)`: `n` shards cover the matrix exactly once.
 pub fn matrix(
     arches: &[Arch],
-    backends: &[(Backend, bool, PmuModel)],
+    backends: &[(Backend, bool, bool, PmuModel)],
     smps: &[u32],
     shard: (usize, usize),
 ) -> Vec<Config> {
     let mut all = Vec::new();
     for &arch in arches {
-        for &(backend, single_thread, pmu) in backends {
+        for &(backend, single_thread, icount, pmu) in backends {
             if pmu != PmuModel::Default && arch != Arch::X86_64 {
                 continue;
             }
@@ -111,6 +116,7 @@ pub fn matrix(
                     backend,
                     smp,
                     single_thread,
+                    icount,
                     soak_s: 0,
                     pmu,
                 });
@@ -146,6 +152,9 @@ pub struct LinuxRun {
     /// Guest wall clock minus host wall clock when the report arrived, in
     /// seconds (None without a report).
     pub wallclock_offset_s: Option<f64>,
+    /// Host wall clock (Unix seconds) just before QEMU started and when the
+    /// report was seen: the guest read its wall clock in between.
+    pub host_unix_s: (f64, Option<f64>),
     /// Host time taken.
     pub elapsed: Duration,
     /// The console (serial) output.
@@ -212,6 +221,11 @@ pub fn command_args(
     if config.single_thread && config.backend != Backend::Kvm {
         accel += ",thread=single";
     }
+    let icount: &[&str] = if config.icount && config.backend != Backend::Kvm {
+        &["-icount", "shift=0,sleep=off"]
+    } else {
+        &[]
+    };
     let soak = if config.soak_s > 0 {
         format!(" rustkvm.soak={}", config.soak_s)
     } else {
@@ -235,6 +249,7 @@ pub fn command_args(
         "512",
     ]
     .iter()
+    .chain(icount)
     .chain(qemu::HEADLESS.iter())
     .map(|s| s.to_string())
     .chain(
@@ -281,7 +296,8 @@ fn unix_now() -> f64 {
 /// Boot `config` and collect what the probe reports.
 pub fn run(config: Config, timeout: Duration) -> LinuxRun {
     let start = Instant::now();
-    let done = |outcome: Outcome, console: String, offset| {
+    let started_unix_s = unix_now();
+    let done = |outcome: Outcome, console: String, offset: Option<(f64, f64)>| {
         let status = match &outcome {
             Outcome::Ok(_) => crate::Status::Pass,
             Outcome::Skip(why) => crate::Status::Skip(why.clone()),
@@ -291,7 +307,8 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
         LinuxRun {
             config,
             outcome,
-            wallclock_offset_s: offset,
+            wallclock_offset_s: offset.map(|(guest, host)| guest - host),
+            host_unix_s: (started_unix_s, offset.map(|(_, host)| host)),
             elapsed: start.elapsed(),
             console,
         }
@@ -407,7 +424,7 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
         (Outcome::Ok(r), Some(host)) => r
             .pointer("/clocks/realtime_unix_ns")
             .and_then(Value::as_f64)
-            .map(|g| g / 1e9 - host),
+            .map(|g| (g / 1e9, host)),
         _ => None,
     };
     done(outcome, console, offset)
@@ -650,6 +667,7 @@ pub fn to_json(runs: &[LinuxRun]) -> Value {
                     "backend": r.config.backend.name(),
                     "smp": r.config.smp,
                     "single_thread": r.config.single_thread,
+                    "icount": r.config.icount,
                     "status": status,
                     "reason": reason,
                     "elapsed_s": r.elapsed.as_secs_f64(),
@@ -668,11 +686,11 @@ mod tests {
     #[test]
     fn shards_cover_the_linux_matrix_exactly_once() {
         let backends = [
-            (Backend::Tcg, false, PmuModel::Default),
-            (Backend::Rustkvm, false, PmuModel::Default),
-            (Backend::Rustkvm, true, PmuModel::Default),
-            (Backend::Rustkvm, false, PmuModel::Intel),
-            (Backend::Kvm, false, PmuModel::Default),
+            (Backend::Tcg, false, false, PmuModel::Default),
+            (Backend::Rustkvm, false, false, PmuModel::Default),
+            (Backend::Rustkvm, true, false, PmuModel::Default),
+            (Backend::Rustkvm, false, false, PmuModel::Intel),
+            (Backend::Kvm, false, false, PmuModel::Default),
         ];
         let all = matrix(&Arch::ALL, &backends, &[1, 2], (0, 1));
         // The Intel PMU only on x86: 5 x86 + 4 arm64 configurations, 2 sizes.
@@ -696,6 +714,7 @@ mod tests {
                 backend,
                 smp: 2,
                 single_thread: false,
+                icount: false,
                 soak_s: 0,
                 pmu: PmuModel::Default,
             },
@@ -704,6 +723,7 @@ mod tests {
                 Err(e) => Outcome::Error(e),
             },
             wallclock_offset_s: Some(0.25),
+            host_unix_s: (1.0, Some(2.0)),
             elapsed: Duration::from_secs(5),
             console: console.into(),
         }
@@ -781,6 +801,7 @@ mod tests {
             backend: Backend::Kvm,
             smp: 1,
             single_thread: false,
+            icount: false,
             soak_s: 0,
             pmu: PmuModel::Default,
         };
@@ -799,6 +820,7 @@ mod tests {
             backend: Backend::Rustkvm,
             smp: 2,
             single_thread: true,
+            icount: false,
             soak_s: 0,
             pmu: PmuModel::Default,
         };
@@ -828,5 +850,17 @@ mod tests {
         assert!(command_args(c, k, k)
             .join(" ")
             .contains("-cpu EPYC,pmu=on -accel"));
+        let c = Config {
+            pmu: PmuModel::Default,
+            single_thread: false,
+            icount: true,
+            ..c
+        };
+        let a = command_args(c, k, k).join(" ");
+        assert!(
+            a.contains("-accel rustkvm -smp 2 -m 512 -icount shift=0,sleep=off -nodefaults"),
+            "{a}"
+        );
+        assert_eq!(c.label(), "x86_64/rustkvm,icount/smp2");
     }
 }

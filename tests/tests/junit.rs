@@ -99,11 +99,13 @@ fn linux_runs_and_failures_parse_with_their_console_tail() {
             backend,
             smp: 2,
             single_thread: false,
+            icount: false,
             soak_s: 0,
             pmu: PmuModel::Default,
         },
         outcome,
         wallclock_offset_s: None,
+        host_unix_s: (0.0, None),
         elapsed: Duration::from_secs(3),
         console: "[    0.1] Linux version 6.12\n\u{1b}[0mKernel panic <not syncing>\n".into(),
     };

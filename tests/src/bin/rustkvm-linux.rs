@@ -2,12 +2,13 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]
 //! ```
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
 //! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters). Only x86
-//! configurations take it.
+//! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
+//! counts instructions; one TCG thread).
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
 //! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
 //! and kvm (which SKIPs with the reason
@@ -22,7 +23,7 @@ use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
-    backends: Vec<(Backend, bool, PmuModel)>,
+    backends: Vec<(Backend, bool, bool, PmuModel)>,
     smps: Vec<u32>,
     timeout: Duration,
     json: bool,
@@ -56,16 +57,17 @@ fn parse() -> Result<Args, HarnessError> {
                 let name = parts.next().unwrap_or_default();
                 let b = Backend::from_name(name)
                     .ok_or_else(|| usage(format!("unknown backend {v}")))?;
-                let (mut single, mut pmu) = (false, PmuModel::Default);
+                let (mut single, mut icount, mut pmu) = (false, false, PmuModel::Default);
                 for opt in parts {
                     match opt {
                         "thread=single" => single = true,
+                        "icount" => icount = true,
                         "pmu=intel" => pmu = PmuModel::Intel,
                         "pmu=epyc" => pmu = PmuModel::Epyc,
                         _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
                     }
                 }
-                a.backends.push((b, single, pmu));
+                a.backends.push((b, single, icount, pmu));
             }
             "--smp" => {
                 let v = value("--smp")?;
@@ -99,7 +101,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -110,11 +112,11 @@ fn parse() -> Result<Args, HarnessError> {
     }
     if a.backends.is_empty() {
         a.backends = vec![
-            (Backend::Tcg, false, PmuModel::Default),
-            (Backend::Rustkvm, false, PmuModel::Default),
-            (Backend::Rustkvm, true, PmuModel::Default),
-            (Backend::Rustkvm, false, PmuModel::Intel),
-            (Backend::Kvm, false, PmuModel::Default),
+            (Backend::Tcg, false, false, PmuModel::Default),
+            (Backend::Rustkvm, false, false, PmuModel::Default),
+            (Backend::Rustkvm, true, false, PmuModel::Default),
+            (Backend::Rustkvm, false, false, PmuModel::Intel),
+            (Backend::Kvm, false, false, PmuModel::Default),
         ];
     }
     if a.smps.is_empty() {
