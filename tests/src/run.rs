@@ -130,7 +130,10 @@ impl Capture {
 
 /// Wait for `child` up to `timeout`; kill it after. Returns the exit code
 /// (None when killed or ended by a signal) and whether it timed out.
-pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<(Option<i32>, bool)> {
+pub fn wait_with_timeout(
+    child: &mut Child,
+    timeout: Duration,
+) -> std::io::Result<(Option<i32>, bool)> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {

@@ -29,12 +29,8 @@ fn boot(arch: Arch, backend: Backend) -> LinuxRun {
 
 fn boot_with(arch: Arch, backend: Backend, smp: u32, single_thread: bool) -> LinuxRun {
     let config = Config {
-        arch,
-        backend,
-        smp,
         single_thread,
-        soak_s: 0,
-        pmu: PmuModel::Default,
+        ..Config::new(arch, backend, smp)
     };
     linux::run(config, linux::DEFAULT_TIMEOUT)
 }
@@ -42,12 +38,9 @@ fn boot_with(arch: Arch, backend: Backend, smp: u32, single_thread: bool) -> Lin
 /// x86_64 under rustkvm, 2 vCPUs, with `pmu` and `soak_s` seconds idle.
 fn rustkvm_x86(pmu: PmuModel, soak_s: u32) -> LinuxRun {
     let config = Config {
-        arch: Arch::X86_64,
-        backend: Backend::Rustkvm,
-        smp: 2,
-        single_thread: false,
         soak_s,
         pmu,
+        ..Config::new(Arch::X86_64, Backend::Rustkvm, 2)
     };
     linux::run(config, linux::DEFAULT_TIMEOUT)
 }
