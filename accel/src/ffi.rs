@@ -99,6 +99,12 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
         if let Err(e) = machine.start_sampler(SAMPLER_PERIOD) {
             eprintln!("rustkvm: warning: no steal-time sampler thread ({e}): no preempted hint under MTTCG");
         }
+    } else if !vm_config.icount {
+        // Round-robin turns end after a slice (vm::RR_SLICE_NS) while another
+        // vCPU waits; under -icount QEMU's instruction budget slices them.
+        if let Err(e) = machine.start_sampler(SAMPLER_PERIOD) {
+            eprintln!("rustkvm: warning: no steal-time sampler thread ({e}): round-robin turns follow the guest's interrupts, and its steal share is overstated");
+        }
     }
     *vm = Some(machine);
     header::RUSTKVM_OK

@@ -9,7 +9,9 @@
 //!   `/proc/thread-self/schedstat` field 2.
 //! - Round-robin TCG (one thread for all vCPUs): in addition, the wall time
 //!   a vCPU waited while runnable (it left its turn without halting) until
-//!   its next turn.
+//!   its next turn. For a guest to see that share, no turn may outlast its
+//!   ticks: the sampler ends long turns (`vm::Sampler::tick`,
+//!   `vm::RR_SLICE_NS`).
 
 /// How the vCPUs share host threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -336,6 +336,12 @@ pub struct Vcpu {
     // Voluntary halts so far (MTTCG sampler: a halt in an interval explains
     // a thread that got little CPU).
     halts: AtomicU64,
+    // Round-robin: host ns when its current turn began, 0 while it is out of
+    // guest code (the sampler's time slices, `Sampler::tick`).
+    turn_since_ns: AtomicU64,
+    // Round-robin: it left its last turn runnable (not halted) and waits for
+    // its next.
+    waiting: AtomicBool,
     // x86: the KVM feature bits its CPUID advertises (set at reset).
     kvm_features: AtomicU32,
     // x86: `kvm-pv-enforce-cpuid`: PV MSRs and hypercalls not advertised
@@ -383,6 +389,8 @@ impl Vcpu {
             tid: AtomicI32::new(0),
             in_guest: AtomicBool::new(false),
             halts: AtomicU64::new(0),
+            turn_since_ns: AtomicU64::new(0),
+            waiting: AtomicBool::new(false),
             kvm_features: AtomicU32::new(0),
             pv_enforce: AtomicBool::new(false),
             local: LocalCell::default(),
@@ -464,6 +472,11 @@ impl Vcpu {
                 .store(self.shared.sched().current_tid(), Ordering::Relaxed);
         }
         self.in_guest.store(true, Ordering::Release);
+        if !self.shared.mttcg {
+            self.waiting.store(false, Ordering::Relaxed);
+            self.turn_since_ns
+                .store(self.shared.now_ns(), Ordering::Release);
+        }
         self.local(|l| {
             if l.pmu.config.version != 0 || l.arm_pmu.present() {
                 l.run_since_ns = self.shared.virtual_ns().max(1);
@@ -610,6 +623,29 @@ impl Vcpu {
         }
     }
 
+    /// Round-robin: since when (host ns) the vCPU has been in guest code, if
+    /// it is, and whether it waits for its turn (it left its last one
+    /// runnable); what the sampler's time slices go by (`Sampler::tick`).
+    pub fn rr_turn(&self) -> (Option<u64>, bool) {
+        let since = self.turn_since_ns.load(Ordering::Acquire);
+        (
+            (since != 0).then_some(since),
+            self.waiting.load(Ordering::Acquire),
+        )
+    }
+
+    /// Whether the guest has steal time (x86) or PV stolen time (arm64) on.
+    pub fn steal_on(&self) -> bool {
+        let s = self.lock();
+        s.steal.enabled() || s.pvtime.active != 0
+    }
+
+    /// Round-robin: end the vCPU's turn at its next translation block
+    /// (QEMU's `cpu_exit`): the loop moves on to the next vCPU.
+    pub fn end_turn(&self) {
+        self.request_exit();
+    }
+
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
         if halted {
@@ -629,6 +665,8 @@ impl Vcpu {
             // entry see the host's scheduling).
             return;
         }
+        self.turn_since_ns.store(0, Ordering::Release);
+        self.waiting.store(!halted, Ordering::Release);
         let mut s = self.lock();
         if s.steal.enabled() || s.pvtime.active != 0 {
             let (now, rd) = (self.shared.steal_now_ns(), self.shared.steal_run_delay_ns());

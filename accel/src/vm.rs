@@ -24,6 +24,13 @@ const CONTENDED_TICKS: u64 = 200;
 const RELAXED_FACTOR: u32 = 8;
 /// The host time slice the sampler asks for (it runs for microseconds).
 const SAMPLER_SLICE_NS: u64 = 100_000;
+/// Round-robin (without `-icount`): the longest turn a vCPU takes while
+/// another one waits for its turn, while a guest has steal time on — half
+/// of Linux's shortest tick (HZ 1000), so that a busy vCPU sharing the
+/// thread is not kept waiting through whole ticks (docs/steal-time.md).
+pub const RR_SLICE_NS: u64 = 500_000;
+/// The sampler's shortest nap while it times a round-robin turn.
+const RR_MIN_NAP_NS: u64 = 50_000;
 
 /// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
 pub const MAX_VCPUS: u32 = 4096;
@@ -370,8 +377,10 @@ impl Vm {
         *self.shared.running.write() = running;
     }
 
-    /// Start the MTTCG steal-time sampler: every `period` it looks at each
-    /// vCPU thread's host scheduling (see `Vcpu::sample`). It stops when the
+    /// Start the steal-time sampler. Under MTTCG every `period` it looks at
+    /// each vCPU thread's host scheduling (see `Vcpu::sample`); under
+    /// round-robin TCG it ends turns longer than [`RR_SLICE_NS`] while
+    /// another vCPU waits (see [`Sampler::tick`]). It stops when the
     /// machine is dropped. Its thread is created as QEMU creates its own
     /// (`qemu_thread_create`: every asynchronous signal blocked, left to the
     /// main loop) and registers as a reader of QEMU's memory map
@@ -427,6 +436,8 @@ pub struct Sampler {
     tick: u64,
     /// Ticks since a vCPU was last found kept off the host CPUs.
     calm: u64,
+    /// Round-robin: the turn last ended, (vCPU index, when it began).
+    ended: Option<(u32, u64)>,
 }
 
 impl Sampler {
@@ -439,6 +450,7 @@ impl Sampler {
             t0: now,
             tick: 0,
             calm: u64::MAX,
+            ended: None,
         }
     }
 
@@ -460,6 +472,10 @@ impl Sampler {
             return;
         }
         self.tick += 1;
+        if !vm.shared.mttcg {
+            self.round_robin_tick(vm, now);
+            return;
+        }
         let fold = self.nap != self.period || self.tick % STEAL_FOLD_TICKS == 0;
         let (mut watching, mut running) = (false, false);
         self.calm = self.calm.saturating_add(1);
@@ -487,6 +503,56 @@ impl Sampler {
             self.period
         } else {
             self.period * RELAXED_FACTOR
+        };
+    }
+}
+
+impl Sampler {
+    /// Round-robin TCG (all vCPUs on one thread): QEMU's loop runs a vCPU
+    /// until an interrupt for any vCPU — its own too — kicks it out, so with
+    /// a guest whose CPUs tick at the same moments (Linux's default) the
+    /// turns follow the ticks: a busy vCPU takes its tick only after waiting
+    /// through the other's whole tick period, half of its ticks are lost,
+    /// and each one it takes carries a whole tick of steal, which Linux
+    /// accounts before user time (`account_process_tick`) — `/proc/stat`
+    /// then says steal for nearly all of the time (issue 17 point 5). A
+    /// host scheduler gives runnable threads short slices whatever the
+    /// guest's interrupts; this does the same: while a guest has steal time
+    /// on, a turn that has lasted [`RR_SLICE_NS`] while another vCPU waits
+    /// for its turn is ended (`cpu_exit`), so no busy vCPU waits through a
+    /// tick. Not under `-icount`, where QEMU slices turns by instruction
+    /// budget and the sampler does not run (a host-timed kick would make
+    /// the run non-deterministic).
+    fn round_robin_tick(&mut self, vm: &Vm, now: u64) {
+        let (mut watching, mut runner, mut waiting) = (false, None, 0u32);
+        for v in vm.vcpus() {
+            if !v.steal_on() {
+                continue;
+            }
+            watching = true;
+            match v.rr_turn() {
+                (Some(since), _) => runner = Some((v, since)),
+                (None, true) => waiting += 1,
+                (None, false) => {}
+            }
+        }
+        self.nap = match (watching, runner) {
+            (false, _) => IDLE_SAMPLER_PERIOD,
+            (true, Some((v, since))) if waiting > 0 => {
+                let turn = (v.index(), since);
+                let ends = since.saturating_add(RR_SLICE_NS);
+                if now >= ends && self.ended != Some(turn) {
+                    v.end_turn();
+                    self.ended = Some(turn);
+                }
+                let left = if self.ended == Some(turn) {
+                    RR_SLICE_NS
+                } else {
+                    ends.saturating_sub(now)
+                };
+                std::time::Duration::from_nanos(left.max(RR_MIN_NAP_NS))
+            }
+            (true, _) => std::time::Duration::from_nanos(RR_SLICE_NS) * RELAXED_FACTOR,
         };
     }
 }
@@ -1049,5 +1115,247 @@ mod tests {
         assert_eq!(tick(true), Sampled::Idle);
         assert_eq!(host.clock_reads(), reads);
         assert_eq!(steal(), 700_000);
+    }
+
+    #[test]
+    fn round_robin_turns_end_after_a_slice_while_another_vcpu_waits() {
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let vm = Arc::new(Vm::with_sched(
+            VmConfig {
+                mttcg: false,
+                ..VmConfig::new(Arch::X86_64, 2, false).unwrap()
+            },
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
+            Arc::clone(&host) as Arc<dyn HostSched>,
+        ));
+        vm.set_running(true);
+        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        let (e0, e1) = (count_exits(&v0), count_exits(&v1));
+        let ends = || (e0.load(Ordering::SeqCst), e1.load(Ordering::SeqCst));
+        let mut sampler = Sampler::new(std::time::Duration::from_micros(500), host.now_ns());
+        let nap = |s: &Sampler| s.nap.as_nanos() as u64;
+        // No guest with steal time: nothing to time, the idle period.
+        v0.run_begin();
+        host.advance(10 * RR_SLICE_NS);
+        sampler.tick(&vm);
+        assert_eq!((ends(), sampler.nap), ((0, 0), IDLE_SAMPLER_PERIOD));
+        v0.run_end(false);
+        for (v, gpa) in [(&v0, ST_GPA), (&v1, ST_GPA + 0x40)] {
+            assert_eq!(
+                v.wrmsr(MSR_KVM_STEAL_TIME, gpa | 1),
+                crate::vcpu::Route::Handled(())
+            );
+        }
+        // vCPU 1 halted, vCPU 0 busy: nobody waits, turns are not timed.
+        v1.run_begin();
+        v1.run_end(true);
+        v0.run_begin();
+        host.advance(10 * RR_SLICE_NS);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (0, 0));
+        assert_eq!(nap(&sampler), RR_SLICE_NS * u64::from(RELAXED_FACTOR));
+        v0.run_end(false);
+        // vCPU 1 busy too, waiting while vCPU 0 has its turn: the sampler
+        // wakes when the slice is over and ends the turn, once.
+        v1.run_begin();
+        v1.run_end(false);
+        v0.run_begin();
+        host.advance(RR_SLICE_NS / 5);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (0, 0), "within its slice");
+        assert_eq!(nap(&sampler), RR_SLICE_NS * 4 / 5, "until the slice ends");
+        host.advance(RR_SLICE_NS * 4 / 5);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (1, 0), "the slice is over");
+        host.advance(RR_MIN_NAP_NS);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (1, 0), "a turn is ended once");
+        // vCPU 1's turn is timed afresh.
+        v0.run_end(false);
+        v1.run_begin();
+        host.advance(RR_SLICE_NS - 1);
+        sampler.tick(&vm);
+        assert_eq!((ends(), nap(&sampler)), ((1, 0), RR_MIN_NAP_NS));
+        host.advance(1);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (1, 1));
+        // A stopped VM's turns are not ended.
+        v1.run_end(false);
+        v0.run_begin();
+        vm.set_running(false);
+        host.advance(10 * RR_SLICE_NS);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (1, 1));
+        vm.set_running(true);
+        sampler.tick(&vm);
+        assert_eq!(ends(), (2, 1), "once it runs again");
+    }
+
+    /// What a Linux guest's `/proc/stat` says of busy vCPUs sharing one
+    /// round-robin thread: user and steal time in ns, ticks handled.
+    #[derive(Debug, Default, Clone, Copy)]
+    struct GuestTimes {
+        user_ns: u64,
+        steal_ns: u64,
+        ticks: u64,
+    }
+
+    /// One guest CPU of [`round_robin_linux`]: its tick timer and its tick
+    /// accounting.
+    #[derive(Debug, Default, Clone, Copy)]
+    struct GuestCpu {
+        /// When the tick timer expires next (ns); it fires once, then waits
+        /// for the tick handler to re-arm it.
+        expires: u64,
+        armed: bool,
+        /// The timer fired: its interrupt waits for the handler.
+        pending: bool,
+        /// Steal time the last tick accounted up to (`rq->prev_steal_time`).
+        prev_steal: u64,
+        times: GuestTimes,
+    }
+
+    /// Busy vCPUs of a Linux guest on one round-robin thread, in host time,
+    /// on an idle host, driving the real vCPUs and sampler:
+    ///
+    /// - Linux (6.12) ticks every `tick_ns` on every CPU at the same moments
+    ///   (`tick_setup_sched_timer` without `skew_tick`); a tick handler
+    ///   accounts the steal since the previous tick and the rest of the
+    ///   tick, if any, as user time (`account_process_tick`,
+    ///   `steal_account_process_time`), and re-arms the timer at the next
+    ///   tick after now (`hrtimer_forward`: ticks that passed are lost).
+    /// - QEMU's round-robin loop (`rr_cpu_thread_fn`) runs each vCPU in turn
+    ///   until it is asked to leave; an interrupt for any vCPU kicks the
+    ///   running one out (`rr_kick_vcpu_thread` exits every vCPU), even an
+    ///   interrupt for itself: it takes the interrupt then (the frame is
+    ///   pushed), and the handler runs at its next turn. A vCPU waiting for
+    ///   its turn with a pending interrupt takes it when its turn comes.
+    /// - Between two turns the loop spends `switch_ns`.
+    ///
+    /// The sampler ticks when its nap says (the fake host's clock).
+    fn round_robin_linux(n: u32, tick_ns: u64, run_ns: u64) -> Vec<GuestTimes> {
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const STEP_NS: u64 = 10_000;
+        const SWITCH_NS: u64 = 5_000;
+        let gpa = |i: usize| 0x1000 + 0x40 * i as u64;
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let config = VmConfig {
+            mttcg: false,
+            ..VmConfig::new(Arch::X86_64, n, false).unwrap()
+        };
+        let vm = Arc::new(Vm::with_sched(
+            config,
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
+            Arc::clone(&host) as Arc<dyn HostSched>,
+        ));
+        vm.set_running(true);
+        let vcpus: Vec<_> = (0..n).map(|i| vm.create_vcpu(i).unwrap()).collect();
+        let exits: Vec<_> = vcpus.iter().map(|v| count_exits(v)).collect();
+        let start = host.now_ns();
+        let mut cpus = vec![
+            GuestCpu {
+                expires: start + tick_ns,
+                armed: true,
+                ..GuestCpu::default()
+            };
+            n as usize
+        ];
+        for (i, v) in vcpus.iter().enumerate() {
+            assert_eq!(
+                v.wrmsr(MSR_KVM_STEAL_TIME, gpa(i) | 1),
+                crate::vcpu::Route::Handled(())
+            );
+        }
+        let steal_of = |i: usize| {
+            let mut b = [0u8; 8];
+            assert!(vm.shared.host.read(gpa(i), &mut b));
+            u64::from_le_bytes(b)
+        };
+        let mut sampler = Sampler::new(std::time::Duration::from_micros(500), start);
+        let mut next_look = start + sampler.nap.as_nanos() as u64;
+        let end = start + run_ns;
+        let mut c = 0;
+        while host.now_ns() < end {
+            let seen = exits[c].load(Ordering::SeqCst);
+            vcpus[c].run_begin();
+            let now = host.now_ns();
+            let cpu = &mut cpus[c];
+            if cpu.pending {
+                // The tick handler: steal first, the rest of the tick is
+                // user time; the timer re-armed at the next tick to come.
+                cpu.pending = false;
+                let steal = steal_of(c);
+                let delta = steal - cpu.prev_steal;
+                cpu.prev_steal = steal;
+                cpu.times.steal_ns += delta;
+                cpu.times.user_ns += tick_ns.saturating_sub(delta);
+                cpu.times.ticks += 1;
+                while cpu.expires <= now {
+                    cpu.expires += tick_ns;
+                }
+                cpu.armed = true;
+            }
+            // Guest code until an interrupt or an exit request.
+            loop {
+                host.advance(STEP_NS);
+                let now = host.now_ns();
+                if now >= next_look {
+                    sampler.tick(&vm);
+                    next_look = now + (sampler.nap.as_nanos() as u64).max(1);
+                }
+                let mut kick = false;
+                for cpu in cpus.iter_mut().filter(|g| g.armed && g.expires <= now) {
+                    (cpu.armed, cpu.pending, kick) = (false, true, true);
+                }
+                if kick || exits[c].load(Ordering::SeqCst) != seen || now >= end {
+                    break;
+                }
+            }
+            vcpus[c].run_end(false);
+            host.advance(SWITCH_NS);
+            c = (c + 1) % n as usize;
+        }
+        cpus.iter().map(|g| g.times).collect()
+    }
+
+    /// Steal's share of the accounted time, and the ticks handled per vCPU
+    /// as a share of the ticks that were due.
+    fn steal_share_and_ticks(t: &[GuestTimes], tick_ns: u64, run_ns: u64) -> (f64, f64) {
+        let (user, steal) = t
+            .iter()
+            .fold((0, 0), |(u, s), c| (u + c.user_ns, s + c.steal_ns));
+        let ticks = t.iter().map(|c| c.ticks).min().unwrap_or(0);
+        (
+            steal as f64 / (user + steal).max(1) as f64,
+            ticks as f64 / (run_ns / tick_ns) as f64,
+        )
+    }
+
+    #[test]
+    fn busy_linux_vcpus_sharing_a_round_robin_thread_see_their_share_as_steal() {
+        // Linux at HZ 250 (Debian's) and HZ 1000; 2 and 3 busy vCPUs: each
+        // is runnable but not running (n-1)/n of the time, and steal is that
+        // share of what the guest accounts, within 15 %.
+        const S: u64 = 1_000_000_000;
+        for (n, tick_ns) in [(2, 4_000_000), (3, 4_000_000), (2, 1_000_000)] {
+            let t = round_robin_linux(n, tick_ns, S);
+            let (share, ticks) = steal_share_and_ticks(&t, tick_ns, S);
+            let want = f64::from(n - 1) / f64::from(n);
+            assert!(
+                (share - want).abs() <= 0.15 * want,
+                "{n} vCPUs, {tick_ns} ns ticks: steal share {share:.3}, not about {want:.3}; handled {:.0} % of the ticks; {t:?}",
+                ticks * 100.0
+            );
+            assert!(
+                ticks >= 0.9,
+                "{n} vCPUs, {tick_ns} ns ticks: each handled only {:.0} % of its ticks: {t:?}",
+                ticks * 100.0
+            );
+        }
     }
 }

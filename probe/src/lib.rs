@@ -6,6 +6,7 @@
 //! with the errno.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod busy;
 pub mod hypercall;
 pub mod json;
 pub mod lockbench;

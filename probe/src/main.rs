@@ -1,7 +1,9 @@
 //! `rustkvm-probe`: print the probe's JSON report between its markers.
 //!
 //! `rustkvm-probe` runs every check; `rustkvm-probe --lockbench SECONDS
-//! THREADS` runs only the lock-heavy workload (scripts/bench-steal-lock.sh).
+//! THREADS` runs only the lock-heavy workload (scripts/bench-steal-lock.sh);
+//! `rustkvm-probe --busy AMOUNT [--perf]` only the steal-share workload
+//! (`busy`), after the perf sections with `--perf`.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,6 +16,14 @@ fn main() {
                 "lockbench",
                 rustkvm_probe::lockbench::run("/tmp/lockbench", threads, secs),
             );
+            o
+        }
+        [flag, amount, rest @ ..] if flag == "--busy" => {
+            use rustkvm_probe::busy::{run, Amount};
+            let amount = Amount::parse(amount).unwrap_or(Amount::Iterations(300_000_000));
+            let perf_first = rest.iter().any(|a| a == "--perf");
+            let mut o = rustkvm_probe::json::Json::obj();
+            o.set("busy", run(amount, perf_first));
             o
         }
         _ => rustkvm_probe::probe(&rustkvm_probe::Options::default()),

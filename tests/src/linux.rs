@@ -44,6 +44,10 @@ pub struct Config {
     /// its steal time (docs/steal-time.md) and its timers follow what it
     /// executes, not the host's scheduling; implies one TCG thread.
     pub icount: bool,
+    /// Run QEMU with every thread on this host CPU (`taskset -c`).
+    pub pin_cpu: Option<u32>,
+    /// What the initramfs runs.
+    pub workload: Workload,
     /// Seconds the guest idles before the probe runs (`rustkvm.soak=`):
     /// time for the clocksource watchdog to complain, if it would.
     pub soak_s: u32,
@@ -75,13 +79,93 @@ impl PmuModel {
     }
 }
 
+/// What the guest's initramfs runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Workload {
+    /// Every check of the probe.
+    #[default]
+    Probe,
+    /// The steal-share workload only (`rustkvm.busy=`, rustkvm-probe's
+    /// `busy` module): a spin loop on every vCPU at once, after the perf
+    /// sections if `perf_first`; its report is under `/busy`.
+    Busy {
+        /// How much each vCPU spins.
+        amount: BusyAmount,
+        /// Run the probe's perf counting and sampling first.
+        perf_first: bool,
+    },
+}
+
+/// How much each vCPU of [`Workload::Busy`] spins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BusyAmount {
+    /// Loop iterations (`dec; jnz` / `subs; b.ne`).
+    Iterations(u64),
+    /// Milliseconds of the guest's time, all loops ending together.
+    Millis(u64),
+}
+
+impl BusyAmount {
+    /// `300000000` or `1500ms`, as the kernel command line takes it.
+    pub fn parse(s: &str) -> Option<BusyAmount> {
+        match s.strip_suffix("ms") {
+            Some(ms) => ms.parse().ok().map(BusyAmount::Millis),
+            None => s.parse().ok().map(BusyAmount::Iterations),
+        }
+    }
+}
+
+impl std::fmt::Display for BusyAmount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BusyAmount::Iterations(n) => write!(f, "{n}"),
+            BusyAmount::Millis(ms) => write!(f, "{ms}ms"),
+        }
+    }
+}
+
+impl Workload {
+    /// The kernel command-line words that select it (with a leading space).
+    pub fn cmdline(self) -> String {
+        match self {
+            Workload::Probe => String::new(),
+            Workload::Busy { amount, perf_first } => {
+                format!(
+                    " rustkvm.busy={amount}{}",
+                    if perf_first { ",perf" } else { "" }
+                )
+            }
+        }
+    }
+}
+
 impl Config {
-    /// `arch/backend[,thread=single]/smpN`.
+    /// x86_64 or aarch64 `arch` on `backend` with `smp` vCPUs, the probe,
+    /// and nothing else set.
+    pub fn new(arch: Arch, backend: Backend, smp: u32) -> Config {
+        Config {
+            arch,
+            backend,
+            smp,
+            single_thread: false,
+            icount: false,
+            pin_cpu: None,
+            workload: Workload::Probe,
+            soak_s: 0,
+            pmu: PmuModel::Default,
+        }
+    }
+
+    /// `arch/backend[,thread=single|,icount][,taskset=N][,pmu=M]/smpN`.
     pub fn label(&self) -> String {
         let thread = match (self.single_thread, self.icount) {
             (_, true) => ",icount",
             (true, false) => ",thread=single",
             (false, false) => "",
+        };
+        let thread = match self.pin_cpu {
+            Some(cpu) => format!("{thread},taskset={cpu}"),
+            None => thread.to_string(),
         };
         let pmu = match self.pmu {
             PmuModel::Default => String::new(),
@@ -112,13 +196,10 @@ pub fn matrix(
             }
             for &smp in smps {
                 all.push(Config {
-                    arch,
-                    backend,
-                    smp,
                     single_thread,
                     icount,
-                    soak_s: 0,
                     pmu,
+                    ..Config::new(arch, backend, smp)
                 });
             }
         }
@@ -259,7 +340,10 @@ pub fn command_args(
             "-initrd",
             &initrd.display().to_string(),
             "-append",
-            &format!("console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}{soak}"),
+            &format!(
+                "console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}{soak}{}",
+                config.workload.cmdline()
+            ),
         ]
         .iter()
         .map(|s| s.to_string()),
@@ -326,7 +410,15 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
         Ok(p) => p,
         Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
     };
-    let mut child = match Command::new(&exe)
+    let mut command = match config.pin_cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut child = match command
         .args(command_args(config, &kernel, &initrd))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -487,6 +579,110 @@ fn event_cell(report: &Value, event: &str) -> String {
     }
 }
 
+/// What [`Workload::Busy`] reported: `/proc/stat`'s growth over the loops
+/// (USER_HZ ticks), per vCPU and summed, and the loops' length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusyTimes {
+    /// (user, system, steal) ticks of each vCPU.
+    pub per_cpu: Vec<(u64, u64, u64)>,
+    /// Their sums.
+    pub user: u64,
+    /// See `user`.
+    pub system: u64,
+    /// See `user`.
+    pub steal: u64,
+    /// The guest's time from the start of the loops to the end of the last.
+    pub elapsed_ms: u64,
+    /// Ticks per second (USER_HZ).
+    pub clk_tck: u64,
+    /// Local timer interrupts each vCPU took over the loops.
+    pub timer_irqs: Vec<u64>,
+}
+
+impl BusyTimes {
+    /// The `/busy` section of a report, if it has one.
+    pub fn from_report(r: &Value) -> Option<BusyTimes> {
+        let b = r.get("busy")?;
+        let n = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
+        let per_cpu = b
+            .get("per_cpu")?
+            .as_array()?
+            .iter()
+            .map(|c| Some((n(c, "user")?, n(c, "system")?, n(c, "steal")?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(BusyTimes {
+            user: per_cpu.iter().map(|c| c.0).sum(),
+            system: per_cpu.iter().map(|c| c.1).sum(),
+            steal: per_cpu.iter().map(|c| c.2).sum(),
+            per_cpu,
+            elapsed_ms: n(b, "elapsed_ms")?,
+            clk_tck: n(b, "clk_tck")?,
+            timer_irqs: b
+                .get("timer_irqs")?
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect(),
+        })
+    }
+
+    /// Steal's share of the time the guest accounted to the busy vCPUs:
+    /// steal / (user + system + steal).
+    pub fn steal_share(&self) -> f64 {
+        self.steal as f64 / (self.user + self.system + self.steal).max(1) as f64
+    }
+
+    /// User + system + steal as a share of what `per_cpu.len()` vCPUs had
+    /// over the loops (elapsed time each): below 1 by the ticks the guest
+    /// lost.
+    pub fn accounted(&self) -> f64 {
+        let had = self.per_cpu.len() as u64 * self.elapsed_ms * self.clk_tck;
+        (self.user + self.system + self.steal) as f64 * 1000.0 / had.max(1) as f64
+    }
+}
+
+fn busy_rows(run: &LinuxRun, r: &Value) -> Vec<(&'static str, String)> {
+    let Some(b) = BusyTimes::from_report(r) else {
+        return vec![("status", "ERROR(no busy report)".into())];
+    };
+    let loops = match (r.pointer("/busy/iterations"), r.pointer("/busy/busy_ms")) {
+        (Some(n), _) => format!("{n} iterations"),
+        (_, Some(ms)) => format!("{ms} ms"),
+        _ => "-".into(),
+    };
+    let perf = r.pointer("/busy/perf_first") == Some(&Value::Bool(true));
+    vec![
+        ("status", format!("OK {:.1}s", run.elapsed.as_secs_f64())),
+        (
+            "busy loops",
+            format!("{loops}{}", if perf { ", after perf" } else { "" }),
+        ),
+        ("loops took ms", b.elapsed_ms.to_string()),
+        (
+            "user/system/steal ticks",
+            format!("{}/{}/{}", b.user, b.system, b.steal),
+        ),
+        (
+            "per vCPU user/system/steal",
+            b.per_cpu
+                .iter()
+                .map(|(u, s, st)| format!("{u}/{s}/{st}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        ("steal share", format!("{:.3}", b.steal_share())),
+        ("accounted share", format!("{:.3}", b.accounted())),
+        (
+            "timer interrupts/s per vCPU",
+            b.timer_irqs
+                .iter()
+                .map(|i| (i * 1000 / b.elapsed_ms.max(1)).to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+    ]
+}
+
 /// The table rows: (label, value) for one run.
 pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
     let r = match &run.outcome {
@@ -499,6 +695,9 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
             )]
         }
     };
+    if r.get("busy").is_some() {
+        return busy_rows(run, r);
+    }
     let yes_no = |needle: &str| {
         if dmesg_with(r, needle).is_some() {
             "yes"
@@ -668,6 +867,7 @@ pub fn to_json(runs: &[LinuxRun]) -> Value {
                     "smp": r.config.smp,
                     "single_thread": r.config.single_thread,
                     "icount": r.config.icount,
+                    "taskset": r.config.pin_cpu,
                     "status": status,
                     "reason": reason,
                     "elapsed_s": r.elapsed.as_secs_f64(),
@@ -715,6 +915,8 @@ mod tests {
                 smp: 2,
                 single_thread: false,
                 icount: false,
+                pin_cpu: None,
+                workload: Workload::Probe,
                 soak_s: 0,
                 pmu: PmuModel::Default,
             },
@@ -785,6 +987,75 @@ mod tests {
     }
 
     #[test]
+    fn busy_reports_are_summed_per_vcpu() {
+        let console = format!(
+            "{BEGIN_MARKER}\n{}\n{END_MARKER}\n",
+            r#"{"busy":{"busy_ms":1500,"perf_first":true,"cpus":2,"clk_tck":100,"elapsed_ms":1500,"loop_ms":[1500,1500],"timer_irqs":[375,360],
+                "per_cpu":[{"user":70,"system":5,"steal":75,"cpu":0},{"user":72,"system":3,"steal":74,"cpu":1}]}}"#
+                .replace('\n', " ")
+        );
+        let run = run_with(&console, Backend::Rustkvm);
+        let Outcome::Ok(r) = &run.outcome else {
+            panic!("{:?}", run.outcome)
+        };
+        let b = BusyTimes::from_report(r).unwrap();
+        assert_eq!((b.user, b.system, b.steal), (142, 8, 149));
+        assert_eq!(b.per_cpu, vec![(70, 5, 75), (72, 3, 74)]);
+        assert!((b.steal_share() - 149.0 / 299.0).abs() < 1e-9);
+        assert!((b.accounted() - 299.0 / 300.0).abs() < 1e-9);
+        let cells = rows(&run);
+        let get = |k: &str| cells.iter().find(|(l, _)| *l == k).map(|(_, v)| v.clone());
+        assert_eq!(get("busy loops").as_deref(), Some("1500 ms, after perf"));
+        assert_eq!(
+            get("timer interrupts/s per vCPU").as_deref(),
+            Some("250 240")
+        );
+        assert_eq!(get("steal share").as_deref(), Some("0.498"));
+        assert_eq!(
+            BusyTimes::from_report(&serde_json::json!({"steal": {}})),
+            None
+        );
+    }
+
+    #[test]
+    fn busy_workloads_on_the_kernel_command_line() {
+        let k = std::path::Path::new("/k");
+        let c = Config {
+            workload: Workload::Busy {
+                amount: BusyAmount::Iterations(300_000_000),
+                perf_first: true,
+            },
+            ..Config::new(Arch::X86_64, Backend::Rustkvm, 2)
+        };
+        let a = command_args(c, k, k).join(" ");
+        assert!(a.ends_with(" rustkvm.busy=300000000,perf"), "{a}");
+        let c = Config {
+            workload: Workload::Busy {
+                amount: BusyAmount::Millis(1500),
+                perf_first: false,
+            },
+            ..c
+        };
+        assert!(command_args(c, k, k)
+            .join(" ")
+            .ends_with(" rustkvm.busy=1500ms"));
+        assert_eq!(BusyAmount::parse("1500ms"), Some(BusyAmount::Millis(1500)));
+        assert_eq!(
+            BusyAmount::parse("300000000"),
+            Some(BusyAmount::Iterations(300_000_000))
+        );
+        assert_eq!(BusyAmount::parse("fast"), None);
+        assert_eq!(
+            Config {
+                pin_cpu: Some(0),
+                ..c
+            }
+            .label(),
+            "x86_64/rustkvm,taskset=0/smp2"
+        );
+    }
+
+    #[test]
     fn a_missing_image_names_the_build_step() {
         let err = images_in(std::path::Path::new("/nonexistent"), Arch::Aarch64).unwrap_err();
         assert!(
@@ -802,6 +1073,8 @@ mod tests {
             smp: 1,
             single_thread: false,
             icount: false,
+            pin_cpu: None,
+            workload: Workload::Probe,
             soak_s: 0,
             pmu: PmuModel::Default,
         };
@@ -821,6 +1094,8 @@ mod tests {
             smp: 2,
             single_thread: true,
             icount: false,
+            pin_cpu: None,
+            workload: Workload::Probe,
             soak_s: 0,
             pmu: PmuModel::Default,
         };

@@ -1687,17 +1687,15 @@ fn thread_sigblk(child: &mut std::process::Child, name: &str) -> u64 {
 #[test]
 fn the_steal_sampler_thread_blocks_signals_as_qemus_own_threads() {
     let _serial = serial();
-    for arch in Arch::ALL {
+    // The sampler runs under MTTCG and under round-robin (its time slices).
+    for (arch, variant) in Arch::ALL
+        .into_iter()
+        .flat_map(|a| [(a, Variant::MttcgSmp2), (a, Variant::RrSmp2)])
+    {
         let t = find_test("hello");
-        let mut args = qemu::command_args(
-            arch,
-            Backend::Rustkvm,
-            Variant::MttcgSmp2,
-            1,
-            None,
-            &t.binary(arch),
-        );
-        // Stopped from the start: the sampler exists (MTTCG), the guest never runs.
+        let mut args =
+            qemu::command_args(arch, Backend::Rustkvm, variant, 1, None, &t.binary(arch));
+        // Stopped from the start: the sampler exists, the guest never runs.
         args.push("-S".into());
         let mut child = Command::new(qemu::emulator(arch).expect("built"))
             .args(&args)
@@ -1722,10 +1720,18 @@ fn the_steal_sampler_thread_blocks_signals_as_qemus_own_threads() {
             libc::SIGALRM,
             libc::SIGIO,
         ] {
-            assert_ne!(blk & bit(sig), 0, "{arch}: signal {sig} open: {blk:#x}");
+            assert_ne!(
+                blk & bit(sig),
+                0,
+                "{arch} {variant}: signal {sig} open: {blk:#x}"
+            );
         }
         for sig in [libc::SIGSEGV, libc::SIGFPE, libc::SIGILL] {
-            assert_eq!(blk & bit(sig), 0, "{arch}: signal {sig} blocked: {blk:#x}");
+            assert_eq!(
+                blk & bit(sig),
+                0,
+                "{arch} {variant}: signal {sig} blocked: {blk:#x}"
+            );
         }
     }
 }

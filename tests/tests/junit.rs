@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use rustkvm_tests::junit::{self, Case};
-use rustkvm_tests::linux::{self, Config, LinuxRun, PmuModel};
+use rustkvm_tests::linux::{self, Config, LinuxRun};
 use rustkvm_tests::{Arch, Backend};
 
 /// Python with junitparser.
@@ -94,15 +94,7 @@ fn the_guest_runners_junit_parses_with_every_verdict() {
 #[test]
 fn linux_runs_and_failures_parse_with_their_console_tail() {
     let run = |backend, outcome| LinuxRun {
-        config: Config {
-            arch: Arch::X86_64,
-            backend,
-            smp: 2,
-            single_thread: false,
-            icount: false,
-            soak_s: 0,
-            pmu: PmuModel::Default,
-        },
+        config: Config::new(Arch::X86_64, backend, 2),
         outcome,
         wallclock_offset_s: None,
         host_unix_s: (0.0, None),

@@ -2,8 +2,16 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]...
+//!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
+//!               [--timeout S] [--shard i/n] [--junit FILE] [--json]
 //! ```
+//! `--icount`: every configuration under `-icount shift=0,sleep=off`;
+//! `--taskset CPU`: QEMU's threads on that host CPU; `--busy`: instead of
+//! the probe's checks, a spin loop on every vCPU at once (AMOUNT iterations,
+//! or as `1500ms` that long; after the perf sections with `,perf`),
+//! reporting `/proc/stat`'s user, system and steal growth
+//! (docs/steal-time.md).
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
 //! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters). Only x86
@@ -18,7 +26,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rustkvm_tests::linux::{self, Outcome, PmuModel};
+use rustkvm_tests::linux::{self, BusyAmount, Config, Outcome, PmuModel, Workload};
 use rustkvm_tests::{Arch, Backend, HarnessError};
 
 struct Args {
@@ -29,6 +37,9 @@ struct Args {
     json: bool,
     shard: (usize, usize),
     junit: Option<std::path::PathBuf>,
+    icount: bool,
+    pin_cpu: Option<u32>,
+    workload: Workload,
 }
 
 fn parse() -> Result<Args, HarnessError> {
@@ -41,6 +52,9 @@ fn parse() -> Result<Args, HarnessError> {
         json: false,
         shard: (0, 1),
         junit: None,
+        icount: false,
+        pin_cpu: None,
+        workload: Workload::Probe,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -87,6 +101,24 @@ fn parse() -> Result<Args, HarnessError> {
                         .ok_or_else(|| usage(format!("--timeout {v}: seconds")))?,
                 );
             }
+            "--icount" => a.icount = true,
+            "--taskset" => {
+                let v = value("--taskset")?;
+                a.pin_cpu = Some(
+                    v.parse()
+                        .map_err(|_| usage(format!("--taskset {v}: a host CPU number")))?,
+                );
+            }
+            "--busy" => {
+                let v = value("--busy")?;
+                let (amount, perf_first) = match v.strip_suffix(",perf") {
+                    Some(a) => (a, true),
+                    None => (v.as_str(), false),
+                };
+                let amount = BusyAmount::parse(amount)
+                    .ok_or_else(|| usage(format!("--busy {v}: ITERATIONS or MILLISms[,perf]")))?;
+                a.workload = Workload::Busy { amount, perf_first };
+            }
             "--json" => a.json = true,
             "--shard" => {
                 let v = it
@@ -101,7 +133,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--timeout S] [--shard i/n] [--junit FILE] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -135,6 +167,13 @@ fn main() -> ExitCode {
     };
     let mut runs = Vec::new();
     for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
+        let config = Config {
+            // `--icount` for all, or `,icount` for one backend.
+            icount: config.icount || args.icount,
+            pin_cpu: args.pin_cpu,
+            workload: args.workload,
+            ..config
+        };
         let run = linux::run(config, args.timeout);
         if !args.json {
             let status = match &run.outcome {
