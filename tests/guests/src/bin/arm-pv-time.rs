@@ -30,15 +30,12 @@ fn main(t: &mut Test) {
 mod pv {
     use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use guest::arch::{self, hvc};
+    pub use guest::arch::{stolen_time as stolen, PV_TIME_FEATURES, PV_TIME_ST};
 
     /// SMCCC_ARCH_FEATURES.
     pub const ARCH_FEATURES: u32 = 0x8000_0001;
     /// PSCI_FEATURES.
     pub const PSCI_FEATURES: u32 = 0x8400_000a;
-    /// ARM_SMCCC_HV_PV_TIME_FEATURES.
-    pub const PV_TIME_FEATURES: u32 = 0xc500_0020;
-    /// ARM_SMCCC_HV_PV_TIME_ST.
-    pub const PV_TIME_ST: u32 = 0xc500_0021;
     /// ARM_SMCCC_VENDOR_HYP_CALL_UID_FUNC_ID.
     pub const VENDOR_HYP_CALL_UID: u32 = 0x8600_ff01;
     /// KVM's UID in x0..x3 (ARM_SMCCC_VENDOR_HYP_UID_KVM_REG_0..3).
@@ -54,13 +51,6 @@ mod pv {
     /// One SMCCC call, x0 only.
     pub fn call(func: u32, arg: u64) -> u64 {
         hvc(func, [arg, 0, 0])[0]
-    }
-
-    /// `stolen_time` of the structure at `base`.
-    pub fn stolen(base: u64) -> u64 {
-        // SAFETY: the structure is 64 bytes of RAM the hypervisor gave us,
-        // identity-mapped (MMU off); the host updates it, so read volatile.
-        unsafe { ((base + 8) as *const u64).read_volatile() }
     }
 
     /// Second vCPU: its own PV_TIME_ST, then spin until told to stop.
