@@ -144,6 +144,9 @@ pub fn parse_progress(line: &str) -> Option<Vec<u64>> {
     reads.split(',').map(|r| r.parse().ok()).collect()
 }
 
+/// A migration that takes this long is logged with QEMU's own timings.
+const SLOW_MIGRATION: Duration = Duration::from_secs(10);
+
 /// What every guest line about a backwards step says (tests/guests/src/bin/soak.rs).
 const VIOLATION_MARK: &str = "went backwards";
 
@@ -574,8 +577,12 @@ impl Vm {
                     } else {
                         let _ = std::fs::remove_file(&self.state_file);
                         let uri = format!("file:{}", self.state_file.display());
-                        self.command("migrate", Some(json!({ "uri": uri })));
-                        Phase::Migrating { since: now }
+                        match self.command("migrate", Some(json!({ "uri": uri }))) {
+                            Some(_) => Phase::Migrating { since: now },
+                            None => Phase::Running {
+                                next: now + cfg.action_every,
+                            },
+                        }
                     }
                 }
                 Phase::Stopped { until } if now >= until => {
@@ -624,9 +631,16 @@ impl Vm {
         }
     }
 
-    /// Follow a migration: Some once it is over (and the VM continued).
+    /// Follow a migration: Some once it is over (and the VM continued),
+    /// whether it completed or failed.
     fn migration(&mut self, since: Instant, cfg: &Config) -> Option<()> {
-        let info = self.command("query-migrate", None)?;
+        let Some(info) = self.command("query-migrate", None) else {
+            // Already a failure: leave the migration, keep the VM running.
+            if !self.give_up && self.status().as_deref() != Some("running") {
+                self.command("cont", None);
+            }
+            return Some(());
+        };
         let status = info["status"].as_str().unwrap_or("?").to_string();
         match status.as_str() {
             "completed" => {
@@ -640,9 +654,22 @@ impl Vm {
                 if let Some(s) = self.status().filter(|s| s != "postmigrate") {
                     self.fail(format!("after migration: status {s}, want postmigrate"));
                 }
+                let took = since.elapsed();
+                if took >= SLOW_MIGRATION {
+                    let ram = &info["ram"];
+                    (self.log)(&format!(
+                        "slow migration: {} ms here; QEMU's total-time {} ms, setup-time {} ms, \
+                         downtime {} ms, dirty syncs {}, {} bytes",
+                        took.as_millis(),
+                        info["total-time"],
+                        info["setup-time"],
+                        info["downtime"],
+                        ram["dirty-sync-count"],
+                        ram["transferred"]
+                    ));
+                }
                 self.command("cont", None);
                 self.report.migrations += 1;
-                let took = since.elapsed();
                 self.report.migration_time += took;
                 self.report.migration_max = self.report.migration_max.max(took);
                 self.expect_running("cont after migration");
