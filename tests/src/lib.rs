@@ -17,8 +17,10 @@ pub mod junit;
 pub mod linux;
 pub mod migrate;
 pub mod qemu;
+pub mod qmp;
 pub mod report;
 pub mod run;
+pub mod soak;
 
 use std::path::PathBuf;
 

@@ -1224,28 +1224,10 @@ struct Introspection {
     serial: String,
 }
 
-/// Send one QMP command and return its `return` (or `error`) object.
-fn qmp(
-    out: &mut std::os::unix::net::UnixStream,
-    lines: &mut impl Iterator<Item = std::io::Result<String>>,
-    cmd: serde_json::Value,
-) -> serde_json::Value {
-    use std::io::Write;
-    writeln!(out, "{cmd}").expect("QMP write");
-    for line in lines.map_while(Result::ok) {
-        let v: serde_json::Value = serde_json::from_str(&line).expect("QMP JSON");
-        if v.get("return").is_some() || v.get("error").is_some() {
-            return v;
-        }
-    }
-    panic!("QMP closed during {cmd}");
-}
-
 /// Boot `introspect` with a QMP socket, wait for its "ready", query
 /// rustkvm, release the guest and check that it passed.
 fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection {
     use std::io::{BufRead, BufReader, Write};
-    use std::os::unix::net::UnixStream;
     use std::process::{Command, Stdio};
 
     let t = find_test("introspect");
@@ -1287,26 +1269,14 @@ fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection 
         serial.contains("ready\n"),
         "{arch}/{backend}: guest never got ready:\n{serial}"
     );
-    let stream = UnixStream::connect(&sock).expect("QMP socket");
-    let mut out = stream.try_clone().unwrap();
-    let mut lines = BufReader::new(stream).lines();
-    let _greeting = lines.next();
-    qmp(
-        &mut out,
-        &mut lines,
-        serde_json::json!({"execute": "qmp_capabilities"}),
-    );
-    let query = qmp(
-        &mut out,
-        &mut lines,
-        serde_json::json!({"execute": "query-rustkvm"}),
-    );
-    let hmp = qmp(
-        &mut out,
-        &mut lines,
-        serde_json::json!({"execute": "human-monitor-command",
-                           "arguments": {"command-line": "info rustkvm"}}),
-    );
+    let mut qmp =
+        rustkvm_tests::qmp::Qmp::connect(&sock, Duration::from_secs(10)).expect("QMP socket");
+    let query = qmp
+        .execute("query-rustkvm", None)
+        .unwrap_or_else(|e| panic!("{arch}/{backend}: query-rustkvm: {e}"));
+    let hmp = qmp
+        .hmp("info rustkvm")
+        .unwrap_or_else(|e| panic!("{arch}/{backend}: info rustkvm: {e}"));
     // Release the guest; it exits with its verdict.
     let mut stdin = child.stdin.take().unwrap();
     let _ = stdin.write_all(b"x");
@@ -1329,8 +1299,8 @@ fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection 
     );
     Introspection {
         measures,
-        query: query["return"].clone(),
-        hmp: hmp["return"].as_str().unwrap_or_default().to_string(),
+        query,
+        hmp,
         serial,
     }
 }

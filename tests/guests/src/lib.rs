@@ -23,6 +23,8 @@ pub mod counted;
 pub mod cross;
 #[cfg(target_arch = "aarch64")]
 pub mod gic;
+#[cfg(target_arch = "x86_64")]
+pub mod kvmclock;
 pub mod paging;
 pub mod steal;
 pub mod workload;
@@ -30,6 +32,7 @@ pub mod workload;
 pub mod x86_pmu;
 
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 pub use arch::exit;
 use console::Console;
@@ -158,6 +161,18 @@ pub fn wait_for_host(ticks: u64, now: impl Fn() -> u64) -> bool {
     false
 }
 
+/// Checks that failed on any vCPU through [`report_failure`]; the boot
+/// vCPU's [`Test::finish`] counts them with its own.
+static FAILED_ELSEWHERE: AtomicU32 = AtomicU32::new(0);
+
+/// Record a failed check from any vCPU (the [`Test`] belongs to the boot
+/// vCPU): prints `not ok name: why` as one line and counts it, so the
+/// closing summary agrees with the lines printed.
+pub fn report_failure(name: fmt::Arguments<'_>, why: fmt::Arguments<'_>) {
+    FAILED_ELSEWHERE.fetch_add(1, Ordering::Relaxed);
+    println!("not ok {name}: {why}");
+}
+
 /// Result collector handed to each guest's `main`.
 #[derive(Debug, Default)]
 pub struct Test {
@@ -206,15 +221,17 @@ impl Test {
     }
 
     /// Print the closing summary line and exit with the protocol's status.
+    /// Failures other vCPUs reported ([`report_failure`]) count here.
     pub fn finish(&self) -> ! {
+        let failed = self.failed + FAILED_ELSEWHERE.load(Ordering::Relaxed);
         println!(
             "summary checks={} passed={} failed={} skipped={}",
-            self.passed + self.failed + self.skipped,
+            self.passed + failed + self.skipped,
             self.passed,
-            self.failed,
+            failed,
             self.skipped
         );
-        let status = if self.failed > 0 {
+        let status = if failed > 0 {
             EXIT_FAIL
         } else if self.passed == 0 && self.skipped > 0 {
             EXIT_SKIP
@@ -225,8 +242,10 @@ impl Test {
     }
 }
 
-/// Write formatted text to the serial console.
+/// Write formatted text to the serial console, holding the console lock
+/// (one call's text is never interleaved with another vCPU's).
 pub fn _print(args: fmt::Arguments<'_>) {
+    let _guard = console::lock();
     let _ = Console.write_fmt(args);
 }
 
@@ -260,6 +279,7 @@ macro_rules! entry {
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    println!("not ok panic: {info}");
+    // Unlocked: the panicking vCPU may hold the console lock itself.
+    let _ = writeln!(Console, "not ok panic: {info}");
     exit(EXIT_FAIL)
 }

@@ -434,16 +434,27 @@ pub fn cntfrq() -> u64 {
     v
 }
 
-/// What a secondary CPU runs after PSCI CPU_ON (set by [`cpu_on`]).
-static mut SECONDARY_WORK: Option<fn()> = None;
+/// Secondary CPUs [`cpu_on`] can run at once: Aff0 1..=7 (the virt
+/// machine numbers its first 8 CPUs by Aff0).
+pub const MAX_SECONDARIES: usize = 7;
 
-/// Stack for the one secondary CPU a guest may start at a time.
-static mut SECONDARY_STACK: [u128; 1024] = [0; 1024];
+/// What each secondary CPU runs after PSCI CPU_ON (set by [`cpu_on`]),
+/// by Aff0.
+static mut SECONDARY_WORK: [Option<fn()>; MAX_SECONDARIES + 1] = [None; MAX_SECONDARIES + 1];
+
+/// One stack per secondary CPU, by Aff0 (slot 0 unused: CPU 0 has the
+/// boot stack).
+static mut SECONDARY_STACKS: [[u128; 1024]; MAX_SECONDARIES + 1] = [[0; 1024]; MAX_SECONDARIES + 1];
+
+/// The [`SECONDARY_WORK`]/[`SECONDARY_STACKS`] slot of CPU `mpidr`.
+fn secondary_slot(mpidr: u64) -> usize {
+    (mpidr & 0xff) as usize % (MAX_SECONDARIES + 1)
+}
 
 #[no_mangle]
 extern "C" fn guest_secondary_main() -> ! {
     // SAFETY: written by `cpu_on` before CPU_ON, read-only afterwards.
-    let work = unsafe { (&raw const SECONDARY_WORK).read_volatile() };
+    let work = unsafe { (&raw const SECONDARY_WORK[secondary_slot(mpidr())]).read_volatile() };
     if let Some(work) = work {
         work();
     }
@@ -454,18 +465,41 @@ extern "C" fn guest_secondary_main() -> ! {
     }
 }
 
-/// Start the CPU with affinity `mpidr` running `work`, then CPU_OFF.
-/// Returns PSCI's status (0 = SUCCESS).
+/// Start the CPU with affinity `mpidr` (Aff0 1..=[`MAX_SECONDARIES`])
+/// running `work` on a stack of its own, then CPU_OFF. Several may run at
+/// once. Returns PSCI's status (0 = SUCCESS).
 pub fn cpu_on(mpidr: u64, work: fn()) -> i64 {
-    // SAFETY: single primary; the secondary reads these after CPU_ON.
+    let slot = secondary_slot(mpidr);
+    assert!(slot != 0, "cpu_on: CPU 0 has no secondary slot");
+    // SAFETY: the slot is this CPU's; it reads them after CPU_ON.
     let stack_top = unsafe {
-        (&raw mut SECONDARY_WORK).write_volatile(Some(work));
-        (&raw mut SECONDARY_STACK)
+        (&raw mut SECONDARY_WORK[slot]).write_volatile(Some(work));
+        (&raw mut SECONDARY_STACKS[slot])
             .cast::<u8>()
             .add(core::mem::size_of::<[u128; 1024]>()) as u64
     };
     let entry = guest_secondary_entry as *const () as u64;
     hvc(PSCI_CPU_ON_64, [mpidr, entry, stack_top])[0] as i64
+}
+
+/// ARM_SMCCC_HV_PV_TIME_FEATURES (Arm DEN0057A).
+pub const PV_TIME_FEATURES: u32 = 0xc500_0020;
+/// ARM_SMCCC_HV_PV_TIME_ST: this vCPU's stolen-time structure's address.
+pub const PV_TIME_ST: u32 = 0xc500_0021;
+
+/// This vCPU's PV stolen-time structure (PV_TIME_ST), if the hypervisor
+/// gives one (SMCCC_RET_NOT_SUPPORTED, -1, otherwise).
+pub fn pv_time_st() -> Option<u64> {
+    let base = hvc(PV_TIME_ST, [0; 3])[0];
+    (base != u64::MAX).then_some(base)
+}
+
+/// `stolen_time` of the PV time structure at `base` (one 64-bit field the
+/// hypervisor stores at once: no version protocol).
+pub fn stolen_time(base: u64) -> u64 {
+    // SAFETY: the 64-byte structure PV_TIME_ST handed us, identity-mapped
+    // (MMU off) or mapped by the caller; the host updates it.
+    unsafe { ((base + 8) as *const u64).read_volatile() }
 }
 
 /// Read a system register by name: `read_sysreg!("pmcr_el0")`.

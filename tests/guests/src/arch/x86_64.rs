@@ -904,6 +904,32 @@ impl KvmStealTime {
     }
 }
 
+impl KvmStealTime {
+    /// `steal` of the structure at `p`, read as Linux's `kvm_steal_clock`
+    /// does: again while the version is odd or changed meanwhile.
+    ///
+    /// # Safety
+    ///
+    /// `p` points to a `KvmStealTime` this guest may read (a static the
+    /// hypervisor updates).
+    pub unsafe fn read_steal(p: *const Self) -> u64 {
+        loop {
+            // SAFETY: the caller's promise; volatile reads of aligned
+            // fields the hypervisor may be writing.
+            unsafe {
+                let v0 = (&raw const (*p).version).read_volatile();
+                core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                let steal = (&raw const (*p).steal).read_volatile();
+                core::sync::atomic::fence(core::sync::atomic::Ordering::Acquire);
+                let v1 = (&raw const (*p).version).read_volatile();
+                if v0 & 1 == 0 && v0 == v1 {
+                    return steal;
+                }
+            }
+        }
+    }
+}
+
 impl Default for KvmStealTime {
     fn default() -> Self {
         Self::new()

@@ -29,10 +29,8 @@ fn spin() {
 
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
-    use guest::arch::{self, hvc};
+    use guest::arch::{self, hvc, PV_TIME_ST};
     use guest::println;
-    /// ARM_SMCCC_HV_PV_TIME_ST.
-    const PV_TIME_ST: u32 = 0xc500_0021;
 
     let base = hvc(PV_TIME_ST, [0; 3])[0];
     t.check("st", base.is_multiple_of(64), format_args!("{base:#x}"));
@@ -40,8 +38,7 @@ fn main(t: &mut Test) {
         return;
     }
     t.eq("cpu-on", arch::cpu_on(1, spin), 0);
-    // SAFETY: PV_TIME_ST's 64-byte structure (MMU off); the host updates it.
-    let stolen = || unsafe { ((base + 8) as *const u64).read_volatile() };
+    let stolen = || arch::stolen_time(base);
     println!("ready");
     let frq = arch::cntfrq();
     let mut stalled = None;

@@ -111,10 +111,8 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
-    use guest::arch::{self, cntvct, hvc};
+    use guest::arch::{self, cntvct, hvc, PV_TIME_ST};
     use guest::{read_sysreg, write_sysreg};
-    /// ARM_SMCCC_HV_PV_TIME_ST.
-    const PV_TIME_ST: u32 = 0xc500_0021;
     /// PMEVTYPER: INST_RETIRED (0x08), counted at EL0 and EL1.
     const INST_RETIRED: u64 = 0x08;
     /// PMCR_EL0.E.

@@ -19,32 +19,16 @@ fn main(t: &mut Test) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[repr(C, align(64))]
-struct Pvti([u32; 8]);
-
-#[cfg(target_arch = "x86_64")]
-static mut PVTI: Pvti = Pvti([0; 8]);
+static mut PVTI: guest::kvmclock::Pvti = guest::kvmclock::Pvti::new();
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
     use guest::arch::{self, rdmsr, rdtsc, wrmsr};
+    use guest::kvmclock::MSR_SYSTEM_TIME;
     use guest::println;
-    const MSR_SYSTEM_TIME: u32 = 0x4b56_4d01;
 
-    let read = || loop {
-        // SAFETY: the structure the hypervisor updates; volatile reads.
-        let w = |i: usize| unsafe { (&raw const PVTI.0[i]).read_volatile() };
-        let v = w(0);
-        let ts = u64::from(w(2)) | u64::from(w(3)) << 32;
-        let sys = u64::from(w(4)) | u64::from(w(5)) << 32;
-        let (mul, shift) = (w(6), (w(7) & 0xff) as u8 as i8);
-        let tsc = rdtsc();
-        if v & 1 == 0 && v == w(0) {
-            let d = tsc.wrapping_sub(ts);
-            let d = if shift < 0 { d >> -shift } else { d << shift };
-            return sys + ((u128::from(d) * u128::from(mul)) >> 32) as u64;
-        }
-    };
+    // SAFETY: our static, which the hypervisor updates.
+    let read = || unsafe { guest::kvmclock::read(&raw const PVTI) }.0;
     t.eq("tsc", wrmsr(0x10, 5_000_000_000_000), Ok(()));
     t.eq("adjust", wrmsr(0x3b, 7), Ok(()));
     let msr = (&raw const PVTI) as u64 | 1;

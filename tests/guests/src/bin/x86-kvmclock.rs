@@ -28,40 +28,12 @@ fn main(t: &mut Test) {
 mod kc {
     use core::sync::atomic::{AtomicBool, Ordering};
     use guest::arch;
+    pub use guest::kvmclock::{Pvti, MSR_SYSTEM_TIME, MSR_SYSTEM_TIME_OLD, MSR_WALL_CLOCK};
 
-    /// MSR_KVM_WALL_CLOCK_NEW.
-    pub const MSR_WALL_CLOCK: u32 = 0x4b56_4d00;
-    /// MSR_KVM_SYSTEM_TIME_NEW.
-    pub const MSR_SYSTEM_TIME: u32 = 0x4b56_4d01;
-    /// MSR_KVM_SYSTEM_TIME, the legacy one.
-    pub const MSR_SYSTEM_TIME_OLD: u32 = 0x12;
-
-    /// `struct pvclock_vcpu_time_info`.
-    #[repr(C, align(64))]
-    pub struct Pvti {
-        pub version: u32,
-        pub pad0: u32,
-        pub tsc_timestamp: u64,
-        pub system_time: u64,
-        pub mul: u32,
-        pub shift: i8,
-        pub flags: u8,
-        pub pad: [u8; 2],
-    }
-
-    impl Pvti {
-        pub const fn new() -> Self {
-            Pvti {
-                version: 0,
-                pad0: 0,
-                tsc_timestamp: 0,
-                system_time: 0,
-                mul: 0,
-                shift: 0,
-                flags: 0,
-                pad: [0; 2],
-            }
-        }
+    /// kvmclock from one of this guest's structures.
+    pub fn read(p: *const Pvti) -> (u64, u8) {
+        // SAFETY: `p` is BSP or AP, statics the hypervisor updates.
+        unsafe { guest::kvmclock::read(p) }
     }
 
     /// `struct pvclock_wall_clock`.
@@ -82,42 +54,6 @@ mod kc {
     pub static CROSS: guest::cross::CrossCheck = guest::cross::CrossCheck::new();
     pub static AP_READY: AtomicBool = AtomicBool::new(false);
 
-    /// `pvclock_clocksource_read` without the stable-bit shortcut: retry
-    /// while the version is odd or changes.
-    pub fn read(p: *const Pvti) -> (u64, u8) {
-        loop {
-            // SAFETY: a structure the hypervisor updates; volatile reads.
-            unsafe {
-                let v0 = (&raw const (*p).version).read_volatile();
-                core::sync::atomic::fence(Ordering::Acquire);
-                let ts = (&raw const (*p).tsc_timestamp).read_volatile();
-                let sys = (&raw const (*p).system_time).read_volatile();
-                let mul = (&raw const (*p).mul).read_volatile();
-                let shift = (&raw const (*p).shift).read_volatile();
-                let flags = (&raw const (*p).flags).read_volatile();
-                let tsc = arch::rdtsc();
-                core::sync::atomic::fence(Ordering::Acquire);
-                let v1 = (&raw const (*p).version).read_volatile();
-                if v0 & 1 == 0 && v0 == v1 {
-                    return (
-                        sys.wrapping_add(scale(tsc.wrapping_sub(ts), mul, shift)),
-                        flags,
-                    );
-                }
-            }
-        }
-    }
-
-    /// `pvclock_scale_delta`.
-    pub fn scale(delta: u64, mul: u32, shift: i8) -> u64 {
-        let d = if shift < 0 {
-            delta >> (-shift) as u32
-        } else {
-            delta << shift as u32
-        };
-        ((u128::from(d) * u128::from(mul)) >> 32) as u64
-    }
-
     /// vCPU 1: its own structure, then check each value vCPU 0 publishes
     /// against a later read of its own clock.
     pub fn ap() {
@@ -134,11 +70,11 @@ mod kc {
 fn main(t: &mut Test) {
     use core::sync::atomic::Ordering;
     use guest::arch;
+    use guest::kvmclock::FEATURE_CLOCKSOURCE2;
     use kc::*;
-    const CLOCKSOURCE2: u32 = 1 << 3;
     const STABLE_BIT: u32 = 1 << 24;
 
-    if !arch::has_kvm_signature() || arch::cpuid(0x4000_0001, 0)[0] & CLOCKSOURCE2 == 0 {
+    if !arch::has_kvm_signature() || arch::cpuid(0x4000_0001, 0)[0] & FEATURE_CLOCKSOURCE2 == 0 {
         t.skip("kvmclock", "no KVM_FEATURE_CLOCKSOURCE2");
         return;
     }
