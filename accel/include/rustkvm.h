@@ -130,8 +130,20 @@ void rustkvm_machine_exit(void);
 void rustkvm_vm_set_running(bool running);
 /** Create vCPU `index` (cpu_index); NULL if the index is out of range or taken. */
 RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
-/** Architectural reset of a vCPU (cold reset, system_reset). */
-void rustkvm_vcpu_reset(RustkvmVcpu *vcpu);
+
+/* rustkvm_vcpu_reset() kinds: KVM's kvm_vcpu_reset(vcpu, init_event). */
+/** RESET: power-on, system_reset, cpu_reset() (init_event = false). */
+#define RUSTKVM_RESET_COLD 0u
+/**
+ * x86 INIT (init_event = true): steal time, kvmclock and the TSC-deadline
+ * timer are reset, the PMU, the TSC and IA32_TSC_ADJUST kept. QEMU emulates
+ * an INIT with a cpu_reset(): call this right before it (do_cpu_init); the
+ * cold reset and rustkvm_x86_vcpu_setup() of that cpu_reset() then keep what
+ * INIT keeps. On arm64 it is a cold reset.
+ */
+#define RUSTKVM_RESET_INIT 1u
+/** Reset a vCPU; `kind` is a RUSTKVM_RESET_* (anything else: cold). */
+void rustkvm_vcpu_reset(RustkvmVcpu *vcpu, uint32_t kind);
 /**
  * How another thread makes the vCPU leave guest code at its next block:
  * `exit(opaque)`, callable from any thread until replaced, removed (NULL
@@ -285,7 +297,9 @@ void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
  * (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's
  * choice is the VM's), the KVM feature bits it advertises (CPUID
  * 0x40000001 EAX: kvmclock's stable bit follows them), its PMU
- * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here).
+ * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here,
+ * kept after an INIT). The counting state then says what the engine needs
+ * (counting blocks, the cycles timer, a PMI): apply it.
  */
 void rustkvm_x86_vcpu_setup(RustkvmVcpu *vcpu, uint64_t tsc_khz,
                             uint32_t kvm_features, uint32_t pmu,

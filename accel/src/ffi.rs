@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::error::AccelError;
 use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
-use crate::vcpu::{Route, SavedMsrs, Vcpu};
+use crate::vcpu::{ResetKind, Route, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::pmu::{Counting, PmuRegs};
 
@@ -263,15 +263,21 @@ unsafe fn vcpu_ref<'a>(vcpu: *mut RustkvmVcpu) -> Option<&'a Vcpu> {
     unsafe { vcpu.cast::<Vcpu>().cast_const().as_ref() }
 }
 
-/// Reset a vCPU.
+/// Reset a vCPU: `kind` is `RUSTKVM_RESET_COLD` or `RUSTKVM_RESET_INIT`
+/// (anything else: cold).
 ///
 /// # Safety
-/// `vcpu` is NULL or a live handle from `rustkvm_vcpu_create`.
+/// `vcpu` is NULL or a live handle from `rustkvm_vcpu_create`; the vCPU is
+/// stopped or this is its own thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu) {
+pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu, kind: u32) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
-        v.reset();
+        v.reset(if kind == header::RUSTKVM_RESET_INIT {
+            ResetKind::Init
+        } else {
+            ResetKind::Cold
+        });
     }
 }
 
@@ -1225,8 +1231,9 @@ mod tests {
             assert_eq!(msrs.steal_time, 0, "reserved bits: dropped");
             rustkvm_x86_load_msrs(v0, std::ptr::null());
             rustkvm_x86_save_msrs(std::ptr::null_mut(), &mut msrs);
-            rustkvm_vcpu_reset(v0);
-            rustkvm_vcpu_reset(std::ptr::null_mut());
+            rustkvm_vcpu_reset(v0, header::RUSTKVM_RESET_COLD);
+            rustkvm_vcpu_reset(v0, 77);
+            rustkvm_vcpu_reset(std::ptr::null_mut(), header::RUSTKVM_RESET_INIT);
 
             let routes = (*v0.cast::<Vcpu>()).routes();
             assert_eq!((routes.cpuid, routes.rdmsr, routes.wrmsr), (1, 2, 0));

@@ -666,7 +666,7 @@ mod tests {
         let vm = vm(2);
         let v1 = vm.create_vcpu(1).unwrap();
         vm.create_vcpu(0).unwrap();
-        v1.reset();
+        v1.reset(crate::vcpu::ResetKind::Cold);
         assert_eq!(v1.rdmsr(0x1b), crate::Route::Unhandled);
         let report = vm.stats_report();
         let lines: Vec<&str> = report.lines().collect();

@@ -1735,3 +1735,16 @@ fn the_steal_sampler_thread_blocks_signals_as_qemus_own_threads() {
         }
     }
 }
+
+/// INIT is not RESET (guest `x86-init`): an AP sent INIT-SIPI-SIPI keeps
+/// its PMU (counting on), TSC and TSC_ADJUST, and loses steal time and
+/// kvmclock, as under KVM; in every variant. Stock TCG has neither.
+#[test]
+fn x86_init_keeps_the_pmu_and_tsc_and_turns_steal_time_and_kvmclock_off() {
+    let _serial = serial();
+    passes_under_rustkvm_and_skips_under_tcg(
+        "x86-init",
+        Arch::X86_64,
+        "pmc0-kept-counting-through-init",
+    );
+}
