@@ -1748,3 +1748,15 @@ fn x86_init_keeps_the_pmu_and_tsc_and_turns_steal_time_and_kvmclock_off() {
         "pmc0-kept-counting-through-init",
     );
 }
+
+/// A PSCI CPU_ON reset lowers the PMU's interrupt line (guest
+/// `arm-pmu-cpu-on`): no PMU interrupt pending from before the reset.
+#[test]
+fn arm64_cpu_on_resets_the_pmu_and_its_interrupt_line() {
+    let _serial = serial();
+    passes_under_rustkvm_and_skips_under_tcg(
+        "arm-pmu-cpu-on",
+        Arch::Aarch64,
+        "no-pmu-interrupt-after-the-reset",
+    );
+}
