@@ -44,6 +44,20 @@
 /** pmu-counters outside 1..8. */
 #define RUSTKVM_EINVAL_PMU_COUNTERS -5
 
+/* rustkvm_vcpu_create() errors (rustkvm_strerror() describes them too). */
+/** The vCPU index is not below the machine's max_cpus. */
+#define RUSTKVM_ERANGE_VCPU -6
+/** A live vCPU already has that index. */
+#define RUSTKVM_EEXIST_VCPU -7
+/** There is no machine (before rustkvm_machine_init(), or after exit). */
+#define RUSTKVM_ENOMACHINE -8
+/**
+ * Refused on purpose: the environment variable RUSTKVM_FAIL_VCPU_CREATE
+ * (read at machine init) names this index. Tests use it to check that a
+ * refused vCPU fails its device_add and QEMU goes on.
+ */
+#define RUSTKVM_EREFUSED_VCPU -9
+
 /** Largest vCPU count a rustkvm machine accepts (QEMU's x86 limit). */
 #define RUSTKVM_MAX_VCPUS 4096u
 
@@ -128,8 +142,12 @@ void rustkvm_machine_exit(void);
  * first): nothing changes RAM under savevm or migration's last pass.
  */
 void rustkvm_vm_set_running(bool running);
-/** Create vCPU `index` (cpu_index); NULL if the index is out of range or taken. */
-RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
+/**
+ * Create vCPU `index` (cpu_index); NULL on failure, with a negative
+ * RUSTKVM_E* in *err (if `err` is not NULL): index out of range or taken,
+ * no machine, or refused (RUSTKVM_EREFUSED_VCPU).
+ */
+RustkvmVcpu *rustkvm_vcpu_create(uint32_t index, int32_t *err);
 
 /* rustkvm_vcpu_reset() kinds: KVM's kvm_vcpu_reset(vcpu, init_event). */
 /** RESET: power-on, system_reset, cpu_reset() (init_event = false). */
