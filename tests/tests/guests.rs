@@ -1974,3 +1974,92 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
         "{log}"
     );
 }
+
+/// A guest reboot (no `-no-reboot`; guest `reboot`) forgets what the guest
+/// registered: after the reset its steal-time/kvmclock/wall-clock areas
+/// (x86) and PV time structure (arm64, until it asks again) are not
+/// written, the MSRs read 0, and the PMU timer a cycle counter armed
+/// before the reboot is disarmed (query-rustkvm's `pmu-timer`).
+#[test]
+fn a_reboot_forgets_what_the_guest_registered() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let _serial = serial();
+    let t = find_test("reboot");
+    for (arch, variant, smp, cpu) in [
+        (
+            Arch::X86_64,
+            Variant::Default,
+            1,
+            Some("qemu64,vendor=GenuineIntel,pmu=on"),
+        ),
+        (Arch::Aarch64, Variant::RrSmp2, 2, None),
+    ] {
+        let exe = qemu::emulator(arch).expect("emulator");
+        let sock =
+            std::env::temp_dir().join(format!("rustkvm-reboot-{}-{arch}.sock", std::process::id()));
+        let mut args =
+            qemu::command_args(arch, Backend::Rustkvm, variant, smp, cpu, &t.binary(arch));
+        args.retain(|a| a != "-no-reboot");
+        args.extend([
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", sock.display()),
+        ]);
+        let mut child = Command::new("timeout")
+            .arg("120")
+            .arg(&exe)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("QEMU");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut log = String::new();
+        assert!(
+            serial_until(&mut lines, "armed", &mut log),
+            "{arch}:\n{log}"
+        );
+        let mut qmp = Qmp::connect(&sock);
+        let pmu_timer = |qmp: &mut Qmp| {
+            let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+            q["return"]["vcpus"][0]["timer"]
+                .as_array()
+                .and_then(|a| a.iter().find(|r| r["name"] == "pmu-timer"))
+                .and_then(|r| r["value"].as_u64())
+                .unwrap_or_else(|| panic!("{arch}: no pmu-timer: {q}"))
+        };
+        let armed = pmu_timer(&mut qmp);
+        assert!(armed > 0, "{arch}: the cycle counter's timer is armed");
+        stdin.write_all(b"a").expect("serial");
+        stdin.flush().expect("serial");
+        assert!(
+            serial_until(&mut lines, "rebooted", &mut log),
+            "{arch}:\n{log}"
+        );
+        assert_eq!(
+            pmu_timer(&mut qmp),
+            0,
+            "{arch}: disarmed by the reset (was {armed})"
+        );
+        stdin.write_all(b"b").expect("serial");
+        stdin.flush().expect("serial");
+        drop(stdin);
+        for l in lines.map_while(Result::ok) {
+            log.push_str(&l);
+            log.push('\n');
+        }
+        let status = child.wait().expect("QEMU");
+        let _ = std::fs::remove_file(&sock);
+        let passed = arch.guest_status(status.code().unwrap_or(-1)) == Some(0);
+        assert!(
+            passed
+                && log.contains("# second boot")
+                && log.contains("summary")
+                && !log.contains("not ok"),
+            "{arch}: QEMU {status}:\n{log}"
+        );
+    }
+}
