@@ -44,6 +44,20 @@
 /** pmu-counters outside 1..8. */
 #define RUSTKVM_EINVAL_PMU_COUNTERS -5
 
+/* rustkvm_vcpu_create() errors (rustkvm_strerror() describes them too). */
+/** The vCPU index is not below the machine's max_cpus. */
+#define RUSTKVM_ERANGE_VCPU -6
+/** A live vCPU already has that index. */
+#define RUSTKVM_EEXIST_VCPU -7
+/** There is no machine (before rustkvm_machine_init(), or after exit). */
+#define RUSTKVM_ENOMACHINE -8
+/**
+ * Refused on purpose: the environment variable RUSTKVM_FAIL_VCPU_CREATE
+ * (read at machine init) names this index. Tests use it to check that a
+ * refused vCPU fails its device_add and QEMU goes on.
+ */
+#define RUSTKVM_EREFUSED_VCPU -9
+
 /** Largest vCPU count a rustkvm machine accepts (QEMU's x86 limit). */
 #define RUSTKVM_MAX_VCPUS 4096u
 
@@ -128,10 +142,26 @@ void rustkvm_machine_exit(void);
  * first): nothing changes RAM under savevm or migration's last pass.
  */
 void rustkvm_vm_set_running(bool running);
-/** Create vCPU `index` (cpu_index); NULL if the index is out of range or taken. */
-RustkvmVcpu *rustkvm_vcpu_create(uint32_t index);
-/** Architectural reset of a vCPU (cold reset, system_reset). */
-void rustkvm_vcpu_reset(RustkvmVcpu *vcpu);
+/**
+ * Create vCPU `index` (cpu_index); NULL on failure, with a negative
+ * RUSTKVM_E* in *err (if `err` is not NULL): index out of range or taken,
+ * no machine, or refused (RUSTKVM_EREFUSED_VCPU).
+ */
+RustkvmVcpu *rustkvm_vcpu_create(uint32_t index, int32_t *err);
+
+/* rustkvm_vcpu_reset() kinds: KVM's kvm_vcpu_reset(vcpu, init_event). */
+/** RESET: power-on, system_reset, cpu_reset() (init_event = false). */
+#define RUSTKVM_RESET_COLD 0u
+/**
+ * x86 INIT (init_event = true): steal time, kvmclock and the TSC-deadline
+ * timer are reset, the PMU, the TSC and IA32_TSC_ADJUST kept. QEMU emulates
+ * an INIT with a cpu_reset(): call this right before it (do_cpu_init); the
+ * cold reset and rustkvm_x86_vcpu_setup() of that cpu_reset() then keep what
+ * INIT keeps. On arm64 it is a cold reset.
+ */
+#define RUSTKVM_RESET_INIT 1u
+/** Reset a vCPU; `kind` is a RUSTKVM_RESET_* (anything else: cold). */
+void rustkvm_vcpu_reset(RustkvmVcpu *vcpu, uint32_t kind);
 /**
  * How another thread makes the vCPU leave guest code at its next block:
  * `exit(opaque)`, callable from any thread until replaced, removed (NULL
@@ -285,7 +315,9 @@ void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
  * (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's
  * choice is the VM's), the KVM feature bits it advertises (CPUID
  * 0x40000001 EAX: kvmclock's stable bit follows them), its PMU
- * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here).
+ * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here,
+ * kept after an INIT). The counting state then says what the engine needs
+ * (counting blocks, the cycles timer, a PMI): apply it.
  */
 void rustkvm_x86_vcpu_setup(RustkvmVcpu *vcpu, uint64_t tsc_khz,
                             uint32_t kvm_features, uint32_t pmu,

@@ -39,4 +39,7 @@ pub enum AccelError {
     /// Two live vCPUs with one index.
     #[error("vCPU {0} already exists")]
     VcpuExists(u32),
+    /// The test hook `RUSTKVM_FAIL_VCPU_CREATE` names this vCPU index.
+    #[error("vCPU {0} refused (RUSTKVM_FAIL_VCPU_CREATE)")]
+    VcpuRefused(u32),
 }

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::error::AccelError;
 use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
-use crate::vcpu::{Route, SavedMsrs, Vcpu};
+use crate::vcpu::{ResetKind, Route, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::pmu::{Counting, PmuRegs};
 
@@ -59,8 +59,21 @@ fn error_code(err: AccelError) -> i32 {
         AccelError::InvalidCpuCount(_) => header::RUSTKVM_EINVAL_CPUS,
         AccelError::OptionNotForArch { .. } => header::RUSTKVM_EINVAL_OPTION,
         AccelError::InvalidPmuCounters(_) => header::RUSTKVM_EINVAL_PMU_COUNTERS,
-        _ => header::RUSTKVM_EBUSY,
+        AccelError::VcpuIndexOutOfRange { .. } => header::RUSTKVM_ERANGE_VCPU,
+        AccelError::VcpuExists(_) => header::RUSTKVM_EEXIST_VCPU,
+        AccelError::NoMachine => header::RUSTKVM_ENOMACHINE,
+        AccelError::VcpuRefused(_) => header::RUSTKVM_EREFUSED_VCPU,
+        AccelError::MachineExists => header::RUSTKVM_EBUSY,
     }
+}
+
+/// The test hook `RUSTKVM_FAIL_VCPU_CREATE=INDEX`: the vCPU index whose
+/// creation is refused (see `RUSTKVM_EREFUSED_VCPU`), if the variable holds
+/// one.
+fn refused_vcpu_from_env() -> Option<u32> {
+    std::env::var("RUSTKVM_FAIL_VCPU_CREATE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Initialise the machine.
@@ -81,6 +94,7 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
         Ok(c) => VmConfig {
             mttcg: config.mttcg,
             icount: config.icount,
+            refused_vcpu: refused_vcpu_from_env(),
             ..c
         },
         Err(e) => return error_code(e),
@@ -205,6 +219,12 @@ pub unsafe extern "C" fn rustkvm_strerror(err: i32) -> *const c_char {
         header::RUSTKVM_EBUSY => b"a rustkvm machine already exists\0",
         header::RUSTKVM_EINVAL_OPTION => b"option not available for this guest architecture\0",
         header::RUSTKVM_EINVAL_PMU_COUNTERS => b"pmu-counters must be 1..8\0",
+        header::RUSTKVM_ERANGE_VCPU => b"vCPU index beyond the machine's maxcpus\0",
+        header::RUSTKVM_EEXIST_VCPU => b"a live vCPU already has this index\0",
+        header::RUSTKVM_ENOMACHINE => b"no rustkvm machine\0",
+        header::RUSTKVM_EREFUSED_VCPU => {
+            b"vCPU refused (RUSTKVM_FAIL_VCPU_CREATE names its index)\0"
+        }
         _ => b"unknown rustkvm error\0",
     };
     text.as_ptr().cast()
@@ -237,20 +257,25 @@ pub unsafe extern "C" fn rustkvm_vm_set_running(running: bool) {
     }
 }
 
-/// Create vCPU `index`; NULL when there is no machine or the index is invalid.
+/// Create vCPU `index`; NULL when there is no machine or the index is
+/// invalid, taken or refused, with the reason in `*err`.
 ///
 /// # Safety
-/// Always safe to call. The returned pointer must be released with
+/// `err` is NULL or writable. The returned pointer must be released with
 /// `rustkvm_vcpu_destroy` and not used afterwards.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_vcpu_create(index: u32) -> *mut RustkvmVcpu {
-    let Some(vm) = VM.lock().clone() else {
-        return std::ptr::null_mut();
+pub unsafe extern "C" fn rustkvm_vcpu_create(index: u32, err: *mut i32) -> *mut RustkvmVcpu {
+    let vm = VM.lock().clone();
+    let created = vm
+        .ok_or(AccelError::NoMachine)
+        .and_then(|vm| vm.create_vcpu(index));
+    let (vcpu, code) = match created {
+        Ok(vcpu) => (Arc::into_raw(vcpu).cast_mut().cast(), header::RUSTKVM_OK),
+        Err(e) => (std::ptr::null_mut(), error_code(e)),
     };
-    match vm.create_vcpu(index) {
-        Ok(vcpu) => Arc::into_raw(vcpu).cast_mut().cast(),
-        Err(_) => std::ptr::null_mut(),
-    }
+    // SAFETY: the caller passes NULL or a writable i32.
+    unsafe { store_out(err)(code) };
+    vcpu
 }
 
 /// Borrow the vCPU behind a handle.
@@ -263,15 +288,21 @@ unsafe fn vcpu_ref<'a>(vcpu: *mut RustkvmVcpu) -> Option<&'a Vcpu> {
     unsafe { vcpu.cast::<Vcpu>().cast_const().as_ref() }
 }
 
-/// Reset a vCPU.
+/// Reset a vCPU: `kind` is `RUSTKVM_RESET_COLD` or `RUSTKVM_RESET_INIT`
+/// (anything else: cold).
 ///
 /// # Safety
-/// `vcpu` is NULL or a live handle from `rustkvm_vcpu_create`.
+/// `vcpu` is NULL or a live handle from `rustkvm_vcpu_create`; the vCPU is
+/// stopped or this is its own thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu) {
+pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu, kind: u32) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
-        v.reset();
+        v.reset(if kind == header::RUSTKVM_RESET_INIT {
+            ResetKind::Init
+        } else {
+            ResetKind::Cold
+        });
     }
 }
 
@@ -1067,7 +1098,9 @@ mod tests {
                 rustkvm_machine_init(&x86_offset),
                 header::RUSTKVM_EINVAL_OPTION
             );
-            assert!(rustkvm_vcpu_create(0).is_null(), "no machine yet");
+            let mut err = 0;
+            assert!(rustkvm_vcpu_create(0, &mut err).is_null(), "no machine yet");
+            assert_eq!(err, header::RUSTKVM_ENOMACHINE);
 
             let cfg = RustkvmConfig {
                 arch: header::RUSTKVM_ARCH_X86_64,
@@ -1084,10 +1117,17 @@ mod tests {
             let msg = CStr::from_ptr(rustkvm_strerror(header::RUSTKVM_EBUSY));
             assert_eq!(msg.to_str().unwrap(), "a rustkvm machine already exists");
 
-            let v0 = rustkvm_vcpu_create(0);
+            let v0 = rustkvm_vcpu_create(0, &mut err);
             assert!(!v0.is_null());
-            assert!(rustkvm_vcpu_create(0).is_null(), "index taken");
-            assert!(rustkvm_vcpu_create(2).is_null(), "index out of range");
+            assert_eq!(err, header::RUSTKVM_OK);
+            assert!(rustkvm_vcpu_create(0, &mut err).is_null(), "index taken");
+            assert_eq!(err, header::RUSTKVM_EEXIST_VCPU);
+            assert!(
+                rustkvm_vcpu_create(2, std::ptr::null_mut()).is_null(),
+                "index out of range"
+            );
+            let msg = CStr::from_ptr(rustkvm_strerror(header::RUSTKVM_EEXIST_VCPU));
+            assert_eq!(msg.to_str().unwrap(), "a live vCPU already has this index");
 
             let mut regs = [1u32, 2, 3, 4];
             assert_eq!(
@@ -1225,15 +1265,16 @@ mod tests {
             assert_eq!(msrs.steal_time, 0, "reserved bits: dropped");
             rustkvm_x86_load_msrs(v0, std::ptr::null());
             rustkvm_x86_save_msrs(std::ptr::null_mut(), &mut msrs);
-            rustkvm_vcpu_reset(v0);
-            rustkvm_vcpu_reset(std::ptr::null_mut());
+            rustkvm_vcpu_reset(v0, header::RUSTKVM_RESET_COLD);
+            rustkvm_vcpu_reset(v0, 77);
+            rustkvm_vcpu_reset(std::ptr::null_mut(), header::RUSTKVM_RESET_INIT);
 
             let routes = (*v0.cast::<Vcpu>()).routes();
             assert_eq!((routes.cpuid, routes.rdmsr, routes.wrmsr), (1, 2, 0));
 
             rustkvm_vcpu_destroy(v0);
             rustkvm_vcpu_destroy(std::ptr::null_mut());
-            let again = rustkvm_vcpu_create(0);
+            let again = rustkvm_vcpu_create(0, &mut err);
             assert!(!again.is_null(), "a destroyed vCPU's index is free again");
             rustkvm_vcpu_destroy(again);
             assert!(!rustkvm_arm_set_pvtime(std::ptr::null_mut(), 0x1000));
@@ -1241,7 +1282,10 @@ mod tests {
             rustkvm_arm_load_pvtime(std::ptr::null_mut(), true);
             assert_eq!(rustkvm_arm_counter_offset(), 0, "x86: none");
             rustkvm_machine_exit();
-            assert!(rustkvm_vcpu_create(0).is_null(), "machine gone");
+            assert!(
+                rustkvm_vcpu_create(0, std::ptr::null_mut()).is_null(),
+                "machine gone"
+            );
             assert_eq!(
                 rustkvm_machine_init(&cfg),
                 header::RUSTKVM_OK,
@@ -1262,6 +1306,17 @@ mod tests {
             header::RUSTKVM_EINVAL_CPUS
         );
         assert_eq!(error_code(AccelError::MachineExists), header::RUSTKVM_EBUSY);
+        assert_eq!(
+            error_code(AccelError::VcpuIndexOutOfRange {
+                index: 5,
+                max_cpus: 2
+            }),
+            header::RUSTKVM_ERANGE_VCPU
+        );
+        assert_eq!(
+            error_code(AccelError::VcpuRefused(1)),
+            header::RUSTKVM_EREFUSED_VCPU
+        );
         assert_eq!(arch_from_c(header::RUSTKVM_ARCH_AARCH64), Ok(Arch::Aarch64));
     }
 }

@@ -33,6 +33,22 @@ pub enum Route<T> {
     Fault,
 }
 
+/// What kind of reset a vCPU goes through (rustkvm.h `RUSTKVM_RESET_*`):
+/// the `init_event` of KVM's `kvm_vcpu_reset(vcpu, init_event)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetKind {
+    /// RESET: power-on, system reset, `cpu_reset()` (KVM: vCPU creation and
+    /// QEMU writing the reset state back). Every guest-visible register goes
+    /// back to its reset value.
+    Cold,
+    /// x86 INIT (an INIT IPI, INIT-SIPI-SIPI): KVM's `init_event = true`.
+    /// Steal time, kvmclock, async PF and the LAPIC timer are reset as on a
+    /// RESET; the PMU, the TSC and IA32_TSC_ADJUST are kept (SDM vol. 3
+    /// table 10-1 "INIT: unchanged"; KVM never resets its PMU on INIT). On
+    /// arm64 there is none: it is taken as [`ResetKind::Cold`].
+    Init,
+}
+
 /// How often each routing point was reached on one vCPU (`stats=on`).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +134,8 @@ impl RouteCounters {
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct VcpuState {
-    /// Architectural resets seen since creation.
+    /// Resets seen since creation (RESET and INIT; the `cpu_reset()` QEMU
+    /// emulates an INIT with is part of the INIT).
     pub resets: u64,
     /// x86 steal time.
     pub steal: StealTime,
@@ -145,6 +162,10 @@ struct Local {
     counting: *mut Counting,
     /// Host ns of this vCPU's last look at the others ([`Vcpu::mark_descheduled_peers`]).
     peers_seen_ns: u64,
+    /// x86: an INIT was applied ([`Vcpu::reset`] with [`ResetKind::Init`])
+    /// and the `cpu_reset()` QEMU emulates the rest of it with is under way:
+    /// its cold reset is skipped and its setup keeps the PMU.
+    init_pending: bool,
 }
 
 impl Default for Local {
@@ -159,6 +180,7 @@ impl Default for Local {
             run_since_ns: 0,
             counting: std::ptr::null_mut(),
             peers_seen_ns: 0,
+            init_pending: false,
         }
     }
 }
@@ -441,17 +463,45 @@ impl Vcpu {
         self.state.lock()
     }
 
-    /// Architectural reset. Statistics survive resets; guest-visible state
-    /// is reset (steal time off, as QEMU zeroes the MSR on reset).
-    pub fn reset(&self) {
+    /// A reset of `kind`, as KVM's `kvm_vcpu_reset(vcpu, init_event)`.
+    /// Statistics survive resets. Both kinds turn steal time, kvmclock,
+    /// arm64 PV time and a pending KICK_CPU off, and disarm the TSC-deadline
+    /// timer; a cold reset also puts the TSC back on the VM's timeline,
+    /// clears IA32_TSC_ADJUST and (when this vCPU advertises kvmclock) the
+    /// VM's MSR_KVM_WALL_CLOCK, as QEMU writes its reset MSRs into KVM
+    /// (`kvm_put_msrs` at `KVM_PUT_RESET_STATE`). The PMU is reset by the
+    /// setup after a cold reset ([`Vcpu::x86_setup`], [`Vcpu::arm_setup`]).
+    ///
+    /// QEMU emulates an INIT with a full `cpu_reset()` right after telling
+    /// Rust (`do_cpu_init`): until the x86 setup that ends that reset, a cold
+    /// reset is part of the INIT and changes nothing, and the setup keeps the
+    /// PMU as it is.
+    pub fn reset(&self, kind: ResetKind) {
+        let kind = if self.arch == Arch::X86_64 {
+            kind
+        } else {
+            ResetKind::Cold
+        };
+        if kind == ResetKind::Cold && self.local(|l| l.init_pending) {
+            return;
+        }
         let mut s = self.lock();
         s.resets += 1;
-        s.steal = StealTime::default();
+        s.steal.reset(kind);
         s.pvtime.reset();
-        // The TSC keeps counting VM time, in sync with the other vCPUs;
-        // kvmclock, TSC_ADJUST and the deadline are off (QEMU zeroes them).
-        s.clock = X86Clock::default();
+        s.clock.reset(kind);
+        drop(s);
         self.pv_unhalt.store(false, Ordering::Relaxed);
+        match kind {
+            ResetKind::Init => self.local(|l| l.init_pending = true),
+            ResetKind::Cold => {
+                let kvmclock = crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE
+                    | crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE2;
+                if self.kvm_features.load(Ordering::Relaxed) & kvmclock != 0 {
+                    self.shared.wall_clock_msr.store(0, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Restore MSR_KVM_STEAL_TIME from a saved machine (loadvm, incoming
@@ -924,7 +974,8 @@ impl Vcpu {
     /// x86, after each reset: the CPU model's TSC frequency (0: default;
     /// the first vCPU's sets the VM's), advertised KVM feature bits, the
     /// PMU (`PMU_*`) and the counting engine's state (reset here; null:
-    /// no engine, the PMU then only sees cycles).
+    /// no engine, the PMU then only sees cycles). After an INIT
+    /// ([`ResetKind::Init`]) the PMU and the engine's state are kept.
     pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32, pmu: u32, counting: *mut Counting) {
         self.shared.set_tsc_khz(tsc_khz);
         self.kvm_features.store(kvm_features, Ordering::Relaxed);
@@ -942,6 +993,15 @@ impl Vcpu {
             PmuConfig::OFF
         };
         self.local(|l| {
+            let init = std::mem::take(&mut l.init_pending);
+            if init && l.pmu.config == config && l.counting == counting {
+                // INIT: the PMU keeps its registers and goes on counting
+                // (KVM has no PMU reset on INIT); tell the engine again
+                // what it needs, as QEMU's reset stopped counting blocks.
+                let ev = l.events(&self.shared, l.pmu.counts_cycles());
+                l.publish(&self.shared, &ev, 0, &self.routes);
+                return;
+            }
             *l = Local {
                 pmu: Pmu::new(config),
                 counting,
@@ -1543,10 +1603,109 @@ mod tests {
         assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0x1001));
         v.run_begin(); // no memory: nothing written, no crash
         v.run_end(false);
-        v.reset();
+        v.reset(ResetKind::Cold);
         assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
         let a = Vcpu::new(0, Arch::Aarch64);
         assert_eq!(a.rdmsr(MSR_KVM_STEAL_TIME), Route::Unhandled);
+    }
+
+    /// QEMU's INIT as `do_cpu_init` drives it: the INIT, then the
+    /// `cpu_reset()` it emulates the rest with (a cold reset, then setup).
+    fn qemu_init(v: &Vcpu, features: u32, pmu: u32, c: &mut Counting) {
+        v.reset(ResetKind::Init);
+        v.reset(ResetKind::Cold);
+        v.x86_setup(0, features, pmu, c);
+    }
+
+    /// ... and its RESET: `cpu_reset()` alone.
+    fn qemu_reset(v: &Vcpu, features: u32, pmu: u32, c: &mut Counting) {
+        v.reset(ResetKind::Cold);
+        v.x86_setup(0, features, pmu, c);
+    }
+
+    #[test]
+    fn x86_init_keeps_the_pmu_and_tsc_and_turns_pv_areas_off_as_kvm() {
+        use crate::x86::clock::{MSR_IA32_TSC, MSR_IA32_TSC_ADJUST, MSR_KVM_SYSTEM_TIME_NEW};
+        use crate::x86::cpuid::KVM_DEFAULT_FEATURES;
+        let v = Vcpu::new(1, Arch::X86_64);
+        let mut c = Box::new(Counting::default());
+        let features = KVM_DEFAULT_FEATURES;
+        qemu_reset(&v, features, PMU_INTEL, &mut c);
+        // PMC0: instructions at any CPL; PMC1: cycles with a PMI.
+        let insns = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | 0xc0;
+        let cycles = insns | pmu::evtsel::INT | 0x3c;
+        assert_eq!(v.wrmsr(0x186, insns), Route::Handled(()));
+        assert_eq!(v.wrmsr(0xc1, 1_000), Route::Handled(()));
+        assert_eq!(v.wrmsr(0x187, cycles & !0xc0), Route::Handled(()));
+        assert_eq!(v.wrmsr(0x38f, 3), Route::Handled(()));
+        c.events[1] += 50;
+        assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Handled(()));
+        assert_eq!(v.wrmsr(MSR_KVM_SYSTEM_TIME_NEW, 0x2001), Route::Handled(()));
+        assert_eq!(v.wrmsr(MSR_IA32_TSC, 1 << 40), Route::Handled(()));
+        let Route::Handled(adjust) = v.rdmsr(MSR_IA32_TSC_ADJUST) else {
+            panic!("TSC_ADJUST is rustkvm's");
+        };
+        v.pv_kick();
+
+        qemu_init(&v, features, PMU_INTEL, &mut c);
+        assert_eq!(
+            v.state().resets,
+            2,
+            "the INIT's own cpu_reset does not count"
+        );
+        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0), "steal off");
+        assert_eq!(
+            v.rdmsr(MSR_KVM_SYSTEM_TIME_NEW),
+            Route::Handled(0),
+            "kvmclock off"
+        );
+        assert!(!v.take_pv_unhalt());
+        assert_eq!(v.rdmsr(MSR_IA32_TSC), Route::Handled(1 << 40), "TSC kept");
+        assert_eq!(v.rdmsr(MSR_IA32_TSC_ADJUST), Route::Handled(adjust));
+        assert_eq!(v.rdmsr(0x186), Route::Handled(insns), "selects kept");
+        assert_eq!(v.rdmsr(0x187), Route::Handled(cycles & !0xc0));
+        assert_eq!(v.rdmsr(0x38f), Route::Handled(3), "GLOBAL_CTRL kept");
+        assert_eq!(v.rdpmc(0), Route::Handled(1_050), "PMC0 kept");
+        assert_eq!(c.active, 1, "the engine still counts (published again)");
+        c.events[0] += 7;
+        assert_eq!(v.rdpmc(0), Route::Handled(1_057), "and goes on counting");
+
+        // A later RESET resets it all, and clears the VM's wall clock MSR
+        // (QEMU writes 0 into KVM's at reset when kvmclock is advertised).
+        let wall = crate::x86::clock::MSR_KVM_WALL_CLOCK_NEW;
+        assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
+        v.reset(ResetKind::Init);
+        v.reset(ResetKind::Cold);
+        assert_eq!(
+            v.rdmsr(wall),
+            Route::Handled(0x3000),
+            "INIT: the VM's, kept"
+        );
+        v.x86_setup(0, features, PMU_INTEL, &mut *c);
+        qemu_reset(&v, features, PMU_INTEL, &mut c);
+        assert_eq!(v.rdmsr(wall), Route::Handled(0), "RESET clears it");
+        assert_eq!(v.rdmsr(0x186), Route::Handled(0));
+        assert_eq!(v.rdpmc(0), Route::Handled(0));
+        assert_eq!((c.active, c.events), (0, [0; 12]));
+        assert_eq!(v.rdmsr(MSR_IA32_TSC_ADJUST), Route::Handled(0));
+        assert_eq!(v.state().resets, 4);
+        // Without kvmclock in CPUID, QEMU leaves KVM's wall clock alone.
+        qemu_reset(&v, 0, PMU_INTEL, &mut c);
+        assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
+        qemu_reset(&v, 0, PMU_INTEL, &mut c);
+        assert_eq!(v.rdmsr(wall), Route::Handled(0x3000));
+    }
+
+    #[test]
+    fn arm64_has_no_init_a_requested_one_is_a_reset() {
+        let a = Vcpu::new(0, Arch::Aarch64);
+        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
+        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
+        a.reset(ResetKind::Init);
+        assert!(!a.pvtime_active());
+        a.reset(ResetKind::Cold);
+        assert_eq!(a.state().resets, 2, "no INIT pending to swallow the reset");
     }
 
     #[test]
@@ -1563,7 +1722,7 @@ mod tests {
         assert!(a.set_pvtime_base(0x90a_0080).is_err(), "set once");
         assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
         assert!(a.pvtime_active());
-        a.reset();
+        a.reset(ResetKind::Cold);
         assert!(!a.pvtime_active(), "reset forgets the guest's use");
         a.load_pvtime_active(true);
         assert!(a.pvtime_active(), "loadvm restores it");
@@ -1586,8 +1745,8 @@ mod tests {
     #[test]
     fn routes_and_resets_are_counted() {
         let v = Vcpu::new(3, Arch::X86_64);
-        v.reset();
-        v.reset();
+        v.reset(ResetKind::Cold);
+        v.reset(ResetKind::Cold);
         v.cpuid(0, 0, [0; 4]);
         v.rdmsr(0x1b);
         v.rdmsr(0x1b);

@@ -72,6 +72,10 @@ pub struct VmConfig {
     /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU (0: the
     /// vendor's default, Intel 4, AMD PerfMonV2 6).
     pub pmu_counters: u8,
+    /// A vCPU index whose creation is refused (the test hook
+    /// `RUSTKVM_FAIL_VCPU_CREATE`): what a failed vCPU creation does to
+    /// QEMU (a refused `device_add`) can then be tested.
+    pub refused_vcpu: Option<u32>,
 }
 
 impl VmConfig {
@@ -88,6 +92,7 @@ impl VmConfig {
             icount: false,
             counter_offset: 0,
             pmu_counters: 0,
+            refused_vcpu: None,
         })
     }
 
@@ -334,6 +339,9 @@ impl Vm {
             })?;
         if slot.is_some() {
             return Err(AccelError::VcpuExists(index));
+        }
+        if self.config.refused_vcpu == Some(index) {
+            return Err(AccelError::VcpuRefused(index));
         }
         let vcpu = Arc::new(Vcpu::with_shared(
             index,
@@ -662,11 +670,25 @@ mod tests {
     }
 
     #[test]
+    fn the_refused_vcpu_index_fails_and_the_others_do_not() {
+        let vm = Vm::new(VmConfig {
+            refused_vcpu: Some(1),
+            ..VmConfig::new(Arch::X86_64, 3, false).unwrap()
+        });
+        assert_eq!(
+            vm.create_vcpu(1).map(|_| ()),
+            Err(AccelError::VcpuRefused(1))
+        );
+        assert!(vm.create_vcpu(0).is_ok() && vm.create_vcpu(2).is_ok());
+        assert_eq!(vm.vcpus().len(), 2, "the refused one is not registered");
+    }
+
+    #[test]
     fn stats_report_lists_each_vcpu() {
         let vm = vm(2);
         let v1 = vm.create_vcpu(1).unwrap();
         vm.create_vcpu(0).unwrap();
-        v1.reset();
+        v1.reset(crate::vcpu::ResetKind::Cold);
         assert_eq!(v1.rdmsr(0x1b), crate::Route::Unhandled);
         let report = vm.stats_report();
         let lines: Vec<&str> = report.lines().collect();

@@ -1705,3 +1705,331 @@ fn the_steal_sampler_thread_blocks_signals_as_qemus_own_threads() {
         }
     }
 }
+
+/// INIT is not RESET (guest `x86-init`): an AP sent INIT-SIPI-SIPI keeps
+/// its PMU (counting on), TSC and TSC_ADJUST, and loses steal time and
+/// kvmclock, as under KVM; in every variant. Stock TCG has neither.
+#[test]
+fn x86_init_keeps_the_pmu_and_tsc_and_turns_steal_time_and_kvmclock_off() {
+    let _serial = serial();
+    passes_under_rustkvm_and_skips_under_tcg(
+        "x86-init",
+        Arch::X86_64,
+        "pmc0-kept-counting-through-init",
+    );
+}
+
+/// A PSCI CPU_ON reset lowers the PMU's interrupt line (guest
+/// `arm-pmu-cpu-on`): no PMU interrupt pending from before the reset.
+#[test]
+fn arm64_cpu_on_resets_the_pmu_and_its_interrupt_line() {
+    let _serial = serial();
+    passes_under_rustkvm_and_skips_under_tcg(
+        "arm-pmu-cpu-on",
+        Arch::Aarch64,
+        "no-pmu-interrupt-after-the-reset",
+    );
+}
+
+/// A QMP connection that keeps the events it reads past, with a read
+/// timeout so that a QEMU that stops answering fails the test instead of
+/// hanging it.
+struct Qmp {
+    out: std::os::unix::net::UnixStream,
+    lines: std::io::Lines<std::io::BufReader<std::os::unix::net::UnixStream>>,
+    events: Vec<serde_json::Value>,
+}
+
+impl Qmp {
+    /// Connect to the QMP socket at `path` (QEMU creates it before it
+    /// runs the guest) and leave capabilities negotiation.
+    fn connect(path: &std::path::Path) -> Qmp {
+        use std::io::BufRead;
+        let stream = std::os::unix::net::UnixStream::connect(path).expect("QMP socket");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("QMP timeout");
+        let out = stream.try_clone().expect("QMP socket");
+        let mut qmp = Qmp {
+            out,
+            lines: std::io::BufReader::new(stream).lines(),
+            events: Vec::new(),
+        };
+        let _greeting = qmp.lines.next();
+        qmp.cmd("qmp_capabilities", serde_json::json!({}));
+        qmp
+    }
+
+    /// The next message; panics if the connection ends or times out.
+    fn next(&mut self) -> serde_json::Value {
+        let line = self
+            .lines
+            .next()
+            .expect("QMP closed")
+            .expect("QMP read (timed out?)");
+        serde_json::from_str(&line).expect("QMP JSON")
+    }
+
+    /// Run `execute` with `arguments`: its whole answer (`return` or
+    /// `error`); events on the way are kept.
+    fn cmd(&mut self, execute: &str, arguments: serde_json::Value) -> serde_json::Value {
+        use std::io::Write;
+        let cmd = serde_json::json!({"execute": execute, "arguments": arguments});
+        writeln!(self.out, "{cmd}").expect("QMP write");
+        loop {
+            let v = self.next();
+            if v.get("return").is_some() || v.get("error").is_some() {
+                return v;
+            }
+            self.events.push(v);
+        }
+    }
+
+    /// The first event called `name` whose data names `path` (read until
+    /// it comes).
+    fn event(&mut self, name: &str, path: &str) -> serde_json::Value {
+        let matches = |e: &serde_json::Value| e["event"] == name && e["data"]["path"] == path;
+        if let Some(i) = self.events.iter().position(matches) {
+            return self.events.remove(i);
+        }
+        loop {
+            let v = self.next();
+            if matches(&v) {
+                return v;
+            }
+            self.events.push(v);
+        }
+    }
+}
+
+/// Read the serial console until the line `want` (true) or its end (false),
+/// appending what was read to `log`.
+fn serial_until(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    want: &str,
+    log: &mut String,
+) -> bool {
+    for l in lines.map_while(Result::ok) {
+        log.push_str(&l);
+        log.push('\n');
+        if l.trim_end() == want {
+            return true;
+        }
+    }
+    false
+}
+
+/// CPU hotplug under rustkvm (guest `x86-hotplug`, QMP): a vCPU rustkvm
+/// refuses (`RUSTKVM_FAIL_VCPU_CREATE`) fails its `device_add` with
+/// rustkvm's error and QEMU goes on; a hot-added vCPU runs with steal time
+/// and a cycle counter's PMI armed; `device_del` and the guest's eject
+/// free it — rustkvm's vCPU (the same index is added again) and its PMU
+/// timer (which would fire on the freed CPU 20 ms later otherwise) — and
+/// the re-added vCPU starts from reset.
+#[test]
+fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let _serial = serial();
+    let t = find_test("x86-hotplug");
+    let exe = qemu::emulator(Arch::X86_64).expect("emulator");
+    let sock = std::env::temp_dir().join(format!("rustkvm-hotplug-{}.sock", std::process::id()));
+    let mut args = qemu::command_args(
+        Arch::X86_64,
+        Backend::Rustkvm,
+        Variant::Default,
+        1,
+        t.cpu.as_deref(),
+        &t.binary(Arch::X86_64),
+    );
+    let smp = args.iter().position(|a| a == "-smp").expect("-smp") + 1;
+    args[smp] = "1,maxcpus=3,sockets=3,cores=1,threads=1".into();
+    args.extend([
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", sock.display()),
+    ]);
+    let mut child = Command::new("timeout")
+        .arg("120")
+        .arg(&exe)
+        .args(&args)
+        .env("RUSTKVM_FAIL_VCPU_CREATE", "2")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("QEMU");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut log = String::new();
+    assert!(
+        serial_until(&mut lines, "ready", &mut log),
+        "never ready:\n{log}"
+    );
+    let mut qmp = Qmp::connect(&sock);
+
+    // The slots, as the machine describes them.
+    let slots = qmp.cmd("query-hotpluggable-cpus", serde_json::json!({}));
+    let slot = |socket: u64| {
+        let s = slots["return"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["props"]["socket-id"] == socket))
+            .unwrap_or_else(|| panic!("no socket {socket}: {slots}"));
+        let mut args = s["props"].clone();
+        args["driver"] = s["type"].clone();
+        args["id"] = format!("cpu{socket}").into();
+        args
+    };
+    // CPU 2: refused by rustkvm, an error for device_add, QEMU goes on.
+    let refused = qmp.cmd("device_add", slot(2));
+    let desc = refused["error"]["desc"].as_str().unwrap_or_default();
+    assert!(
+        desc.contains("rustkvm: cannot create vCPU 2") && desc.contains("RUSTKVM_FAIL_VCPU_CREATE"),
+        "{refused}"
+    );
+    let status = qmp.cmd("query-status", serde_json::json!({}));
+    assert_eq!(status["return"]["status"], "running", "{status}");
+    // CPU 1: added, the guest starts it.
+    let added = qmp.cmd("device_add", slot(1));
+    assert!(added.get("return").is_some(), "{added}");
+    stdin.write_all(b"a").expect("serial");
+    stdin.flush().expect("serial");
+    assert!(serial_until(&mut lines, "added", &mut log), "{log}");
+    let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+    assert_eq!(
+        q["return"]["vcpus"].as_array().map(Vec::len),
+        Some(2),
+        "{q}"
+    );
+    assert_eq!(
+        q["return"]["vcpus"][1]["steal-time"]["enabled"], true,
+        "{q}"
+    );
+    // Unplug: the request, then the guest's eject.
+    let del = qmp.cmd("device_del", serde_json::json!({"id": "cpu1"}));
+    assert!(del.get("return").is_some(), "{del}");
+    assert!(serial_until(&mut lines, "removed", &mut log), "{log}");
+    // Gone from the machine. (QEMU 10.0 under TCG never finalizes an
+    // unplugged x86 CPU, stock TCG too: DEVICE_DELETED comes for its lapic
+    // only.)
+    qmp.event("DEVICE_DELETED", "/machine/peripheral/cpu1/lapic");
+    let cpus = qmp.cmd("query-cpus-fast", serde_json::json!({}));
+    assert_eq!(cpus["return"].as_array().map(Vec::len), Some(1), "{cpus}");
+    let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+    assert_eq!(
+        q["return"]["vcpus"].as_array().map(Vec::len),
+        Some(1),
+        "{q}"
+    );
+    // The index rustkvm freed is taken again.
+    let again = qmp.cmd("device_add", slot(1));
+    assert!(again.get("return").is_some(), "{again}");
+    stdin.write_all(b"b").expect("serial");
+    stdin.flush().expect("serial");
+    drop(stdin);
+    for l in lines.map_while(Result::ok) {
+        log.push_str(&l);
+        log.push('\n');
+    }
+    let status = child.wait().expect("QEMU");
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    let _ = std::fs::remove_file(&sock);
+    assert!(
+        status.code() == Some(1) && log.contains("summary") && !log.contains("not ok"),
+        "QEMU {status}:\n{log}\n--- stderr ---\n{stderr}"
+    );
+    assert!(
+        log.contains("ok removed-cpus-steal-time-area-not-written"),
+        "{log}"
+    );
+}
+
+/// A guest reboot (no `-no-reboot`; guest `reboot`) forgets what the guest
+/// registered: after the reset its steal-time/kvmclock/wall-clock areas
+/// (x86) and PV time structure (arm64, until it asks again) are not
+/// written, the MSRs read 0, and the PMU timer a cycle counter armed
+/// before the reboot is disarmed (query-rustkvm's `pmu-timer`).
+#[test]
+fn a_reboot_forgets_what_the_guest_registered() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let _serial = serial();
+    let t = find_test("reboot");
+    for (arch, variant, smp, cpu) in [
+        (
+            Arch::X86_64,
+            Variant::Default,
+            1,
+            Some("qemu64,vendor=GenuineIntel,pmu=on"),
+        ),
+        (Arch::Aarch64, Variant::RrSmp2, 2, None),
+    ] {
+        let exe = qemu::emulator(arch).expect("emulator");
+        let sock =
+            std::env::temp_dir().join(format!("rustkvm-reboot-{}-{arch}.sock", std::process::id()));
+        let mut args =
+            qemu::command_args(arch, Backend::Rustkvm, variant, smp, cpu, &t.binary(arch));
+        args.retain(|a| a != "-no-reboot");
+        args.extend([
+            "-qmp".into(),
+            format!("unix:{},server=on,wait=off", sock.display()),
+        ]);
+        let mut child = Command::new("timeout")
+            .arg("120")
+            .arg(&exe)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("QEMU");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut log = String::new();
+        assert!(
+            serial_until(&mut lines, "armed", &mut log),
+            "{arch}:\n{log}"
+        );
+        let mut qmp = Qmp::connect(&sock);
+        let pmu_timer = |qmp: &mut Qmp| {
+            let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+            q["return"]["vcpus"][0]["timer"]
+                .as_array()
+                .and_then(|a| a.iter().find(|r| r["name"] == "pmu-timer"))
+                .and_then(|r| r["value"].as_u64())
+                .unwrap_or_else(|| panic!("{arch}: no pmu-timer: {q}"))
+        };
+        let armed = pmu_timer(&mut qmp);
+        assert!(armed > 0, "{arch}: the cycle counter's timer is armed");
+        stdin.write_all(b"a").expect("serial");
+        stdin.flush().expect("serial");
+        assert!(
+            serial_until(&mut lines, "rebooted", &mut log),
+            "{arch}:\n{log}"
+        );
+        assert_eq!(
+            pmu_timer(&mut qmp),
+            0,
+            "{arch}: disarmed by the reset (was {armed})"
+        );
+        stdin.write_all(b"b").expect("serial");
+        stdin.flush().expect("serial");
+        drop(stdin);
+        for l in lines.map_while(Result::ok) {
+            log.push_str(&l);
+            log.push('\n');
+        }
+        let status = child.wait().expect("QEMU");
+        let _ = std::fs::remove_file(&sock);
+        let passed = arch.guest_status(status.code().unwrap_or(-1)) == Some(0);
+        assert!(
+            passed
+                && log.contains("# second boot")
+                && log.contains("summary")
+                && !log.contains("not ok"),
+            "{arch}: QEMU {status}:\n{log}"
+        );
+    }
+}

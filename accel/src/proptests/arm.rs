@@ -499,7 +499,7 @@ impl World {
                 }
             }
             Op::Reset { cpu } => {
-                self.vcpus[cpu].reset();
+                self.vcpus[cpu].reset(crate::vcpu::ResetKind::Cold);
                 self.setup(cpu);
                 self.pvtime_on[cpu] = false;
                 self.userenr[cpu] = 0;

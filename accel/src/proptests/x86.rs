@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::{check_counter, check_writes, edge_u64, gpa, tid, Host, Owner, Region, Registry, RAM};
 use crate::host::tests::FakeThread;
 use crate::host::HostSched;
-use crate::vcpu::{Route, SamplerView, SavedMsrs, Vcpu};
+use crate::vcpu::{ResetKind, Route, SamplerView, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::clock::{scale_delta, TscRate, PAGE_SIZE};
 use crate::x86::hypercall::Call;
@@ -290,8 +290,11 @@ enum Op {
         cpu: usize,
         slot: usize,
     },
+    /// A RESET, or (`init`) an INIT as QEMU drives it: the INIT, then the
+    /// `cpu_reset()` that emulates it.
     Reset {
         cpu: usize,
+        init: bool,
     },
 }
 
@@ -408,7 +411,7 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
         1 => (cpu.clone(), 0..4u32).prop_map(|(cpu, mode)| Op::Lvtt { cpu, mode }),
         1 => cpu.clone().prop_map(|cpu| Op::Save { cpu }),
         1 => (cpu.clone(), 0..4usize).prop_map(|(cpu, slot)| Op::Load { cpu, slot }),
-        1 => cpu.prop_map(|cpu| Op::Reset { cpu }),
+        1 => (cpu, any::<bool>()).prop_map(|(cpu, init)| Op::Reset { cpu, init }),
     ]
 }
 
@@ -665,14 +668,27 @@ impl World {
                     self.steal_seen[cpu] = None;
                 }
             }
-            Op::Reset { cpu } => {
-                self.vcpus[cpu].reset();
+            Op::Reset { cpu, init } => {
+                if init {
+                    self.vcpus[cpu].reset(ResetKind::Init);
+                }
+                self.vcpus[cpu].reset(ResetKind::Cold);
                 self.setup(cpu);
+                // Both kinds: steal time and kvmclock off (kvm_vcpu_reset).
                 self.steal[cpu] = 0;
                 self.systime[cpu] = 0;
                 self.views[cpu] = None;
-                self.forget_counters(cpu);
                 self.steal_seen[cpu] = None;
+                if !init {
+                    // RESET: the PMU is new (an INIT keeps it: the counters
+                    // read since must go on from where they were); QEMU
+                    // writes KVM's wall clock MSR as 0 when the vCPU
+                    // advertises kvmclock.
+                    self.forget_counters(cpu);
+                    if self.features & (CLOCKSOURCE | CLOCKSOURCE2) != 0 {
+                        self.wall = 0;
+                    }
+                }
             }
         }
         self.register_active();
@@ -1113,7 +1129,7 @@ fn op_cpu(op: &Op) -> Option<usize> {
         | Op::Lvtt { cpu, .. }
         | Op::Save { cpu }
         | Op::Load { cpu, .. }
-        | Op::Reset { cpu } => Some(cpu),
+        | Op::Reset { cpu, .. } => Some(cpu),
         _ => None,
     }
 }

@@ -189,6 +189,23 @@ impl X86Clock {
         rate.ticks(now_ns).wrapping_add(self.tsc_offset)
     }
 
+    /// A reset, as KVM's `kvm_vcpu_reset` and `kvm_lapic_reset`: kvmclock
+    /// off (`kvmclock_reset`, both kinds) and the LAPIC timer back in
+    /// one-shot mode with no deadline. A cold reset also puts the TSC back
+    /// on the VM's timeline and clears IA32_TSC_ADJUST (QEMU writes them as
+    /// 0 into KVM, whose TSC write of 0 synchronises with the other vCPUs);
+    /// INIT keeps both (SDM vol. 3 table 10-1; KVM does not touch them).
+    pub fn reset(&mut self, kind: crate::vcpu::ResetKind) {
+        *self = match kind {
+            crate::vcpu::ResetKind::Cold => X86Clock::default(),
+            crate::vcpu::ResetKind::Init => X86Clock {
+                tsc_offset: self.tsc_offset,
+                tsc_adjust: self.tsc_adjust,
+                ..X86Clock::default()
+            },
+        };
+    }
+
     /// WRMSR IA32_TSC from the guest: the TSC jumps to `value`, and
     /// IA32_TSC_ADJUST moves by the same amount (KVM, SDM §18.17.3).
     pub fn write_tsc(&mut self, rate: TscRate, now_ns: u64, value: u64) -> Timer {
@@ -494,6 +511,36 @@ mod tests {
             c.write_pvclock(&ram, r, true);
             assert_eq!(ram.write_count() > skip, written, "{gpa:#x}");
         }
+    }
+
+    #[test]
+    fn init_keeps_the_tsc_and_adjust_a_reset_puts_it_back_on_the_vm() {
+        use crate::vcpu::ResetKind;
+        let r = TscRate::default();
+        let armed = || {
+            let mut c = X86Clock {
+                system_time_msr: 0x1000 | 1,
+                ..Default::default()
+            };
+            let _ = c.write_tsc(r, 1_000, 1 << 40);
+            assert_eq!(c.write_lvtt(2 << LVT_TIMER_MODE_SHIFT), Timer::Changed);
+            let _ = c.write_deadline(1 << 41);
+            assert!(c.deadline_ns(r, 1_000).is_some());
+            c
+        };
+        let mut c = armed();
+        let adjust = c.tsc_adjust;
+        c.reset(ResetKind::Init);
+        assert_eq!(c.tsc(r, 2_000), (1 << 40) + 2_000, "INIT: TSC goes on");
+        assert_eq!(c.tsc_adjust, adjust, "INIT: ADJUST kept");
+        assert!(!c.kvmclock_enabled(), "INIT: kvmclock off");
+        assert_eq!(c.system_time_msr, 0);
+        assert_eq!((c.tsc_deadline, c.lvtt_mode), (0, 0), "LAPIC timer reset");
+        assert_eq!(c.deadline_ns(r, 2_000), None);
+        let mut c = armed();
+        c.reset(ResetKind::Cold);
+        assert_eq!(c, X86Clock::default(), "RESET: all back");
+        assert_eq!(c.tsc(r, 2_000), 4_000, "on the VM's timeline");
     }
 
     #[test]

@@ -66,6 +66,13 @@ impl StealTime {
         self.msr & KVM_STEAL_VALID_BITS
     }
 
+    /// A reset of either kind turns steal time off and forgets what was
+    /// pending: KVM's `kvm_vcpu_reset` clears `st.msr_val` on INIT as on
+    /// RESET, so nothing is written to the old structure afterwards.
+    pub fn reset(&mut self, _kind: crate::vcpu::ResetKind) {
+        *self = StealTime::default();
+    }
+
     /// WRMSR MSR_KVM_STEAL_TIME; an error means #GP (reserved bits set).
     pub fn write_msr(&mut self, value: u64) -> Result<(), X86Error> {
         if value & KVM_STEAL_RESERVED_MASK != 0 {
@@ -228,6 +235,28 @@ mod tests {
         assert_eq!(KVM_STEAL_RESERVED_MASK, 0x3e);
         assert_eq!(KVM_STEAL_VALID_BITS, !0x3f);
         assert_eq!(layout::SIZE, 64);
+    }
+
+    #[test]
+    fn init_and_reset_both_turn_it_off_and_nothing_is_written_after() {
+        use crate::vcpu::ResetKind;
+        for kind in [ResetKind::Init, ResetKind::Cold] {
+            let ram = FakeRam::new(0x4000);
+            let mut st = StealTime::default();
+            st.write_msr(GPA | 1).unwrap();
+            st.enter(&ram, Threading::RoundRobin { peers: true }, 10, 0);
+            st.exit(&ram, Threading::RoundRobin { peers: true }, 20, 0, false);
+            assert!(version(&ram) >= 2, "{kind:?}: updated while on");
+            st.reset(kind);
+            assert_eq!((st.msr, st.enabled()), (0, false), "{kind:?}: MSR reads 0");
+            assert!(ram.write(GPA, &[0xa5; 64]));
+            st.enter(&ram, Threading::RoundRobin { peers: true }, 1_000, 0);
+            assert!(!st.mark_preempted(&ram));
+            st.exit(&ram, Threading::RoundRobin { peers: true }, 2_000, 0, false);
+            st.enter(&ram, Threading::RoundRobin { peers: true }, 3_000, 0);
+            st.clear_preempted(&ram);
+            assert_eq!(rd(&ram, 0, 64), [0xa5; 64], "{kind:?}: old area untouched");
+        }
     }
 
     #[test]
