@@ -533,18 +533,18 @@ impl Sampler {
     /// the run non-deterministic).
     fn round_robin_tick(&mut self, vm: &Vm, now: u64) {
         let (mut watching, mut runner, mut waiting) = (false, None, 0u32);
-        for v in vm.vcpus() {
-            if !v.steal_on() {
-                continue;
-            }
-            watching = true;
-            match v.rr_turn() {
-                (Some(since), _) => runner = Some((v, since)),
-                (None, true) => waiting += 1,
-                (None, false) => {}
+        if vm.shared.threading() == (Threading::RoundRobin { peers: true }) {
+            for v in vm.vcpus() {
+                watching |= v.steal_on();
+                match v.rr_turn() {
+                    (Some(since), _) => runner = Some((v, since)),
+                    (None, true) => waiting += 1,
+                    (None, false) => {}
+                }
             }
         }
         self.nap = match (watching, runner) {
+            // No guest that looks, or a lone vCPU: nothing to slice.
             (false, _) => IDLE_SAMPLER_PERIOD,
             (true, Some((v, since))) if waiting > 0 => {
                 let turn = (v.index(), since);
@@ -1165,6 +1165,29 @@ mod tests {
         sampler.tick(&vm);
         assert_eq!((ends(), sampler.nap), ((0, 0), IDLE_SAMPLER_PERIOD));
         v0.run_end(false);
+        // A lone vCPU with steal time on: nobody to share with.
+        let lone = Arc::new(Vm::with_sched(
+            VmConfig {
+                mttcg: false,
+                ..VmConfig::new(Arch::X86_64, 1, false).unwrap()
+            },
+            Box::new(crate::memory::tests::FakeRam::new(0x2000)),
+            Arc::clone(&host) as Arc<dyn HostSched>,
+        ));
+        lone.set_running(true);
+        let only = lone.create_vcpu(0).unwrap();
+        let only_ends = count_exits(&only);
+        assert_eq!(
+            only.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        only.run_begin();
+        only.run_end(false);
+        only.run_begin();
+        host.advance(10 * RR_SLICE_NS);
+        sampler.tick(&lone);
+        assert_eq!(only_ends.load(Ordering::SeqCst), 0);
+        assert_eq!(sampler.nap, IDLE_SAMPLER_PERIOD);
         for (v, gpa) in [(&v0, ST_GPA), (&v1, ST_GPA + 0x40)] {
             assert_eq!(
                 v.wrmsr(MSR_KVM_STEAL_TIME, gpa | 1),
