@@ -690,21 +690,7 @@ fn x86_kvm_signature_and_feature_switches() {
     );
 }
 
-/// Send one HMP command and read until the next prompt.
-fn hmp(sock: &mut std::os::unix::net::UnixStream, cmd: &str) -> String {
-    use std::io::{Read, Write};
-    sock.write_all(format!("{cmd}\n").as_bytes())
-        .expect("monitor write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&out).contains("(qemu) ") {
-        match sock.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+use rustkvm_tests::migrate::hmp;
 
 /// Boot `name` under rustkvm with a monitor, wait for its "ready" line,
 /// migrate it live to a file, resume it in a new QEMU and return the
