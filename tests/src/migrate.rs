@@ -2,11 +2,17 @@
 //! HMP `savevm`/`-loadvm` on a qcow2 image, between any two (emulator,
 //! backend) pairs — rustkvm to rustkvm, rustkvm to a QEMU without rustkvm,
 //! stock TCG to rustkvm.
+//!
+//! The protocol with the guest, so that its checks surely span the move
+//! whatever the host's speed: the guest prints `ready` and then keeps its
+//! feature busy until a byte arrives on its serial console. The source
+//! never sends one (its stdin is empty); the destination gets one once its
+//! monitor says the VM runs, after the state has loaded.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::guest::GuestTest;
@@ -67,6 +73,30 @@ pub fn hmp(sock: &mut UnixStream, cmd: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Poll the monitor at `sock` until QEMU says the VM is running: false when
+/// the process exits first or `deadline` passes.
+fn wait_until_running(child: &mut Child, sock: &Path, deadline: Instant) -> bool {
+    let mut mon = None;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        if mon.is_none() {
+            mon = UnixStream::connect(sock).ok().map(|mut m| {
+                hmp(&mut m, "");
+                m
+            });
+        }
+        if let Some(m) = mon.as_mut() {
+            if hmp(m, "info status").contains("VM status: running") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 fn io(what: String) -> impl FnOnce(std::io::Error) -> HarnessError {
     move |source| HarnessError::Io { what, source }
 }
@@ -82,6 +112,20 @@ pub fn move_midway(
     dst: &Endpoint,
     how: Transfer,
 ) -> Result<Resumed, HarnessError> {
+    move_midway_with(test, arch, variant, &[], src, dst, how)
+}
+
+/// [`move_midway`] with extra `-accel` properties on both sides (each side
+/// must be started as the other, e.g. `counter-offset=N`).
+pub fn move_midway_with(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    accel_opts: &[String],
+    src: &Endpoint,
+    dst: &Endpoint,
+    how: Transfer,
+) -> Result<Resumed, HarnessError> {
     let dir = std::env::temp_dir().join(format!(
         "rustkvm-move-{}-{}-{:?}",
         std::process::id(),
@@ -89,7 +133,7 @@ pub fn move_midway(
         how
     ));
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-    let result = move_in(test, arch, variant, src, dst, how, &dir);
+    let result = move_in(test, arch, variant, accel_opts, (src, dst), how, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -98,13 +142,14 @@ fn move_in(
     test: &GuestTest,
     arch: Arch,
     variant: Variant,
-    src: &Endpoint,
-    dst: &Endpoint,
+    accel_opts: &[String],
+    (src, dst): (&Endpoint, &Endpoint),
     how: Transfer,
     dir: &Path,
 ) -> Result<Resumed, HarnessError> {
-    let (sock_path, state, disk) = (
+    let (sock_path, dst_sock_path, state, disk) = (
         dir.join("mon.sock"),
+        dir.join("dst-mon.sock"),
         dir.join("state"),
         dir.join("disk.qcow2"),
     );
@@ -117,6 +162,7 @@ fn move_in(
             test.cpu.as_deref(),
             &test.binary(arch),
         );
+        qemu::add_accel_opts(&mut a, accel_opts);
         if how == Transfer::SaveVm {
             a.extend([
                 "-drive".to_string(),
@@ -202,19 +248,35 @@ fn move_in(
         ]),
         Transfer::SaveVm => dst_args.extend(["-loadvm".to_string(), "mid".to_string()]),
     }
+    dst_args.extend([
+        "-monitor".to_string(),
+        format!("unix:{},server=on,wait=off", dst_sock_path.display()),
+    ]);
     let timeout = test.timeout.max(Duration::from_secs(30));
     let start = Instant::now();
     let mut child = Command::new(&dst.exe)
         .args(&dst_args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(io(format!("starting {}", dst.exe.display())))?;
     let out = run::Capture::spawn(child.stdout.take());
     let err = run::Capture::spawn(child.stderr.take());
+    // The guest's "go on", once the loaded VM runs (a byte sent earlier
+    // could reach the UART before the incoming state overwrites it). A
+    // destination that refuses the state never gets one.
+    let mut stdin = child.stdin.take();
+    if wait_until_running(&mut child, &dst_sock_path, start + timeout) {
+        if let Some(s) = stdin.as_mut() {
+            let _ = s.write_all(b"g");
+            let _ = s.flush();
+        }
+    }
     let (code, timed_out) =
-        run::wait_with_timeout(&mut child, timeout).map_err(io("waiting".into()))?;
+        run::wait_with_timeout(&mut child, timeout.saturating_sub(start.elapsed()))
+            .map_err(io("waiting".into()))?;
+    drop(stdin);
     let outcome = run::judge(
         arch,
         code,

@@ -249,6 +249,16 @@ pub fn plugin(name: &str) -> Result<PathBuf, HarnessError> {
     }
 }
 
+/// Append `-accel` properties to an argument list from [`command_args`]
+/// (which puts the `-accel` value right after `-accel`).
+pub fn add_accel_opts(args: &mut [String], opts: &[String]) {
+    if let Some(i) = args.iter().position(|a| a == "-accel") {
+        for o in opts {
+            args[i + 1] = format!("{},{o}", args[i + 1]);
+        }
+    }
+}
+
 /// The full argument list for booting `kernel` (every run: no display, no
 /// default devices, serial on stdout, no reboot, 128 MiB).
 pub fn command_args(

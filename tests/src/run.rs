@@ -226,14 +226,7 @@ pub fn run_with(
             args[i + 1] = format!("{},{m}", args[i + 1]);
         }
     }
-    if !opts.accel_opts.is_empty() {
-        // command_args puts the -accel value right after "-accel".
-        if let Some(i) = args.iter().position(|a| a == "-accel") {
-            for o in &opts.accel_opts {
-                args[i + 1] = format!("{},{o}", args[i + 1]);
-            }
-        }
-    }
+    qemu::add_accel_opts(&mut args, &opts.accel_opts);
     args.extend(opts.qemu_args.iter().cloned());
     let start = Instant::now();
     let mut cmd = match opts.pin_cpu {

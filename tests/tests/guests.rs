@@ -628,14 +628,6 @@ fn x86_kvmclock_wall_clock_is_within_2s_of_the_host() {
 }
 
 #[test]
-fn x86_kvmclock_and_tsc_survive_migration() {
-    let _serial = serial();
-    let serial = migrate_midway(Arch::X86_64, "x86-kvmclock-migrate", Variant::Default, 1);
-    assert!(serial.contains("ok never-backwards"), "{serial}");
-    assert!(serial.contains("ok adjust-kept"), "{serial}");
-}
-
-#[test]
 fn x86_kvm_signature_and_feature_switches() {
     let _serial = serial();
     let t = &find_test("hello");
@@ -688,98 +680,6 @@ fn x86_kvm_signature_and_feature_switches() {
         "no warning:\n{}",
         r.outcome.stderr
     );
-}
-
-use rustkvm_tests::migrate::hmp;
-
-/// Boot `name` under rustkvm with a monitor, wait for its "ready" line,
-/// migrate it live to a file, resume it in a new QEMU and return the
-/// destination's serial output.
-fn migrate_midway(arch: Arch, name: &str, variant: Variant, smp: u32) -> String {
-    use std::io::{BufRead, BufReader};
-    use std::os::unix::net::UnixStream;
-    use std::process::{Command, Stdio};
-
-    let t = find_test(name);
-    let exe = qemu::emulator(arch).expect("emulator");
-    let dir = std::env::temp_dir().join(format!("rustkvm-migrate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (sock_path, state) = (dir.join("mon.sock"), dir.join("state"));
-    let args = qemu::command_args(
-        arch,
-        Backend::Rustkvm,
-        variant,
-        smp,
-        t.cpu.as_deref(),
-        &t.binary(arch),
-    );
-
-    // Source: run until the guest is ready, then migrate to a file.
-    let mut src = Command::new(&exe)
-        .args(&args)
-        .args([
-            "-monitor",
-            &format!("unix:{},server=on,wait=off", sock_path.display()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("source QEMU");
-    let mut lines = BufReader::new(src.stdout.take().unwrap()).lines();
-    let ready = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .any(|l| l.trim_end() == "ready");
-    assert!(ready, "{name}: guest never got ready");
-    let mut mon = UnixStream::connect(&sock_path).expect("monitor");
-    // A live migration: a VM stopped first would stay stopped on arrival.
-    hmp(&mut mon, "");
-    let out = hmp(
-        &mut mon,
-        &format!("migrate \"exec:cat > {}\"", state.display()),
-    );
-    assert!(!out.contains("rror"), "{out}");
-    let _ = hmp(&mut mon, "quit");
-    let _ = src.wait();
-
-    // Destination: resume from the file and let the guest finish its checks
-    // (a hang guard: under -icount a loaded host takes minutes for the
-    // guest's seconds of VM time).
-    let dst = Command::new("timeout")
-        .arg("300")
-        .arg(&exe)
-        .args(&args)
-        .args(["-incoming", &format!("exec:cat {}", state.display())])
-        .stdin(Stdio::null())
-        .output()
-        .expect("destination QEMU");
-    let _ = std::fs::remove_dir_all(&dir);
-    let serial = String::from_utf8_lossy(&dst.stdout).into_owned();
-    assert!(
-        !serial.contains("not ok"),
-        "{name}: destination:\n{serial}\n{}",
-        String::from_utf8_lossy(&dst.stderr)
-    );
-    serial
-}
-
-#[test]
-fn x86_steal_time_msr_survives_migration() {
-    let _serial = serial();
-    let serial = migrate_midway(Arch::X86_64, "x86-steal-migrate", Variant::Default, 1);
-    assert!(serial.contains("ok msr-kept-its-value"), "{serial}");
-}
-
-#[test]
-fn arm64_pv_stolen_time_keeps_updating_after_migration() {
-    let _serial = serial();
-    // Under -icount: the other vCPU's turns come in VM time, so every one
-    // of the guest's windows holds some, however the host schedules QEMU
-    // (under thread=single a host stall longer than a window left it with
-    // none).
-    let serial = migrate_midway(Arch::Aarch64, "arm-pv-time-migrate", Variant::Icount, 2);
-    assert!(serial.contains("ok stolen-time-kept-growing"), "{serial}");
 }
 
 #[test]
@@ -1121,16 +1021,6 @@ fn x86_pmu_counts_exactly_and_its_pmis_have_zero_skid_under_rustkvm_only() {
 }
 
 #[test]
-fn x86_pmu_counters_survive_migration_exactly() {
-    let _serial = serial();
-    let serial = migrate_midway(Arch::X86_64, "x86-pmu-migrate", Variant::Default, 1);
-    for check in ["pmc0.instructions", "pmc1.branches", "fixed0.instructions"] {
-        assert!(serial.contains(&format!("ok {check}")), "{serial}");
-    }
-    assert!(!serial.contains("not ok"), "{serial}");
-}
-
-#[test]
 fn x86_amd_pmu_counts_exactly_with_legacy_extended_and_perfmon_v2_msrs() {
     let _serial = serial();
     let amd = find_test("x86-pmu-amd");
@@ -1186,16 +1076,6 @@ fn arm64_pmuv3_counts_exactly_without_icount_under_rustkvm_only() {
     let _serial = serial();
     // The guest asserts the counts; TCG's PMU skips it without -icount.
     passes_under_rustkvm_and_skips_under_tcg("arm-pmu", Arch::Aarch64, "loop.instructions");
-}
-
-#[test]
-fn arm64_pmu_counters_survive_migration_exactly() {
-    let _serial = serial();
-    let serial = migrate_midway(Arch::Aarch64, "arm-pmu-migrate", Variant::Default, 1);
-    for check in ["pmevcntr0.instructions", "pmevcntr1.branches", "pmcr.e"] {
-        assert!(serial.contains(&format!("ok {check}")), "{serial}");
-    }
-    assert!(!serial.contains("not ok"), "{serial}");
 }
 
 /// What the `introspect` guest set and what rustkvm reported about it.

@@ -1,8 +1,9 @@
-//! Streams between QEMUs with and without rustkvm (issue 17.7): a stream
-//! saved under rustkvm is refused, with a clear error, by a QEMU without
-//! rustkvm (its state travels in KVM's MSR homes, which such a QEMU would
-//! load with another meaning), and a stream from stock TCG starts rustkvm's
-//! models cleanly (no stale `env->tsc`).
+//! Moving a VM (issue 17.7): every rustkvm feature survives savevm/loadvm
+//! and live migration, checked by a guest whose checks span the move; a
+//! stream saved under rustkvm is refused, with a clear error, by a QEMU
+//! without rustkvm (its state travels in KVM's MSR homes, which such a QEMU
+//! would load with another meaning), and a stream from stock TCG starts
+//! rustkvm's models cleanly (no stale `env->tsc`).
 //!
 //! Needs `scripts/build-qemu.sh`, `scripts/build-guests.sh` and Debian's
 //! stock QEMU 10.0 (`scripts/deps.sh` installs it); a missing one is a
@@ -75,30 +76,83 @@ fn a_stock_tcg_stream_starts_rustkvm_cleanly() {
     }
 }
 
+/// Move `name` from rustkvm to rustkvm by `how`; the destination's run must
+/// pass.
+fn moved_passes(
+    arch: Arch,
+    name: &str,
+    variant: Variant,
+    accel_opts: &[String],
+    how: Transfer,
+) -> migrate::Resumed {
+    let t = find_test(name);
+    let ours = Endpoint::ours(arch, Backend::Rustkvm).expect("built");
+    let r =
+        migrate::move_midway_with(&t, arch, variant, accel_opts, &ours, &ours, how).expect("moved");
+    assert_eq!(
+        r.outcome.status,
+        Status::Pass,
+        "{name} ({how:?}): {}\n{}",
+        r.outcome.serial,
+        r.outcome.stderr
+    );
+    r
+}
+
 #[test]
-fn rustkvm_state_survives_savevm_and_loadvm() {
-    // Each guest checks its feature across the move: steal time, kvmclock
-    // with the TSC and TSC_ADJUST, the x86 PMU's counters, the arm64 PMU,
-    // PV time.
+fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
+    // Each guest keeps its feature busy across the move (it goes on only
+    // when the destination sends a byte) and checks it on both sides:
+    // steal time, kvmclock with the TSC and TSC_ADJUST, an armed
+    // TSC-deadline timer, the x86 PMU's counters with a PMI pending, the
+    // arm64 PMU, PV time.
     for (arch, name, variant) in [
         (Arch::X86_64, "x86-steal-migrate", Variant::Default),
         (Arch::X86_64, "x86-kvmclock-migrate", Variant::Default),
+        (Arch::X86_64, "x86-tsc-deadline-migrate", Variant::Default),
         (Arch::X86_64, "x86-pmu-migrate", Variant::Default),
         (Arch::Aarch64, "arm-pmu-migrate", Variant::Default),
         // Under -icount: each of its windows surely holds the other
         // vCPU's turns, however the host schedules QEMU.
         (Arch::Aarch64, "arm-pv-time-migrate", Variant::Icount),
     ] {
-        let t = find_test(name);
-        let ours = Endpoint::ours(arch, Backend::Rustkvm).expect("built");
-        let r =
-            migrate::move_midway(&t, arch, variant, &ours, &ours, Transfer::SaveVm).expect("moved");
-        assert_eq!(
-            r.outcome.status,
-            Status::Pass,
-            "{name}: {}\n{}",
-            r.outcome.serial,
-            r.outcome.stderr
+        for how in [Transfer::SaveVm, Transfer::Live] {
+            moved_passes(arch, name, variant, &[], how);
+        }
+    }
+}
+
+#[test]
+fn the_arm64_counter_offset_survives_savevm_and_live_migration() {
+    // 2^63: the guest's counters run near 2^63 (KVM's VM-wide offset, the
+    // same on both sides). Afterwards they go on from where they were, and
+    // are still offset: near 2^63 plus the few seconds since the first VM
+    // was created, not restarted from 0 or offset twice.
+    let offset = 1u64 << 63;
+    for how in [Transfer::SaveVm, Transfer::Live] {
+        let r = moved_passes(
+            Arch::Aarch64,
+            "arm-counter-migrate",
+            Variant::Default,
+            &[format!("counter-offset={offset}")],
+            how,
+        );
+        let measure = |key: &str| {
+            let v = r
+                .outcome
+                .measures
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("no measure {key} in\n{}", r.outcome.serial));
+            u64::from_str_radix(v.trim_start_matches("0x"), 16).expect("hex")
+        };
+        let (after, frq) = (measure("cntvct.after"), measure("cntfrq"));
+        // 120 s: longer than both runs' time limits together.
+        let since_creation = after.wrapping_add(offset);
+        assert!(
+            since_creation < 120 * frq,
+            "{how:?}: counter {after:#x} after the move ({frq:#x} Hz)"
         );
     }
 }

@@ -161,6 +161,14 @@ pub fn wait_for_host(ticks: u64, now: impl Fn() -> u64) -> bool {
     false
 }
 
+/// Whether the host test has said "go on" with a byte on the serial console,
+/// without waiting. The migration tests' protocol (tests/src/migrate.rs):
+/// after `ready`, a guest keeps its feature busy until this turns true,
+/// which happens only on the destination of the move, once it runs.
+pub fn host_said_go() -> bool {
+    arch::getc().is_some()
+}
+
 /// Checks that failed on any vCPU through [`report_failure`]; the boot
 /// vCPU's [`Test::finish`] counts them with its own.
 static FAILED_ELSEWHERE: AtomicU32 = AtomicU32::new(0);

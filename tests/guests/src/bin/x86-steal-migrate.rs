@@ -1,11 +1,11 @@
 //! rustkvm-test: arch=x86_64 compare=off matrix=off
 //!
 //! Steal time across savevm/loadvm or migration: enables MSR_KVM_STEAL_TIME,
-//! prints "ready", then for about 3 s of guest time keeps checking that the
-//! MSR reads back and the structure keeps being updated. The host test
-//! (tests/tests/guests.rs) migrates the VM to a file and resumes it in a new
-//! QEMU in the middle; without the MSR in the migration stream the
-//! destination reads it as 0. Not part of the matrix.
+//! prints "ready", then until the host says "go on" (on the destination of
+//! the move, tests/tests/migration.rs) keeps checking that the MSR reads
+//! back. Afterwards the destination must go on updating the structure, as
+//! KVM does after KVM_SET_MSRS restores the MSR. Without the MSR in the
+//! stream the destination reads it as 0. Not part of the matrix.
 #![no_std]
 #![no_main]
 
@@ -25,32 +25,40 @@ static mut ST: guest::arch::KvmStealTime = guest::arch::KvmStealTime::new();
 fn main(t: &mut Test) {
     use core::ptr::addr_of;
     use guest::arch::{self, MSR_KVM_STEAL_TIME};
-    use guest::println;
-    /// Guest TSC ticks to keep checking for (about 3 s at 2–4 GHz).
-    const SPAN: u64 = 9_000_000_000;
+    use guest::{host_said_go, println};
+    /// Guest TSC ticks to wait for an update after the move (a hang guard:
+    /// the first entries after the restore update the structure).
+    const UPDATE_WITHIN: u64 = 10_000_000_000;
 
+    // SAFETY: volatile read of memory the host writes.
+    let version = || unsafe { addr_of!(ST.version).read_volatile() };
     let value = addr_of!(ST) as u64 | 1;
     t.eq("enable", arch::wrmsr(MSR_KVM_STEAL_TIME, value), Ok(()));
     println!("ready");
-    let start = arch::rdtsc();
     let mut bad = None;
     let mut checks = 0u64;
-    while arch::rdtsc().wrapping_sub(start) < SPAN {
+    // (Polling the UART leaves the CPU loop, so entries and the move happen.)
+    while !host_said_go() {
         let got = arch::rdmsr(MSR_KVM_STEAL_TIME);
         checks += 1;
         if got != Ok(value) {
             bad = Some(got);
             break;
         }
-        // Leave the CPU loop now and then (port I/O), so entries happen.
-        arch::outb(0x80, 0);
     }
     t.check(
         "msr-kept-its-value",
         bad.is_none(),
         format_args!("{bad:?} after {checks} reads"),
     );
-    // SAFETY: volatile read of memory the host writes.
-    let version = unsafe { addr_of!(ST.version).read_volatile() };
-    t.measure("version", format_args!("{version}"));
+    let (moved_at, start) = (version(), arch::rdtsc());
+    while version() == moved_at && arch::rdtsc().wrapping_sub(start) < UPDATE_WITHIN {
+        arch::outb(0x80, 0);
+    }
+    let now = version();
+    t.check(
+        "updated-after-the-move",
+        now != moved_at,
+        format_args!("version {now} (at the move {moved_at})"),
+    );
 }
