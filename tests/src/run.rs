@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -159,6 +160,8 @@ pub struct RunOptions {
     pub qemu_args: Vec<String>,
     /// Run QEMU on this one host CPU only (`taskset -c`): overcommit.
     pub pin_cpu: Option<usize>,
+    /// Another emulator than the build's (e.g. an installed one).
+    pub emulator: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -170,6 +173,7 @@ impl RunOptions {
             && self.accel_opts.is_empty()
             && self.qemu_args.is_empty()
             && self.pin_cpu.is_none()
+            && self.emulator.is_none()
     }
 }
 
@@ -211,7 +215,10 @@ pub fn run_with(
     if !kernel.exists() {
         return Err(HarnessError::NotBuilt(kernel, "scripts/build-guests.sh"));
     }
-    let exe = qemu::emulator(arch)?;
+    let exe = match &opts.emulator {
+        Some(e) => e.clone(),
+        None => qemu::emulator(arch)?,
+    };
     let mut args = qemu::command_args(
         arch,
         backend,
