@@ -11,6 +11,7 @@
 //! emulated KVM) and, with the KVM backend issue, `kvm`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod boot;
 pub mod guest;
 pub mod host;
 pub mod junit;

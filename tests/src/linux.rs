@@ -276,6 +276,37 @@ pub fn command_args(
     kernel: &std::path::Path,
     initrd: &std::path::Path,
 ) -> Vec<String> {
+    command_args_for(
+        config,
+        &Images {
+            kernel: kernel.to_path_buf(),
+            initrd: initrd.to_path_buf(),
+            mem_mib: DEFAULT_MEM_MIB,
+            append: String::new(),
+        },
+    )
+}
+
+/// Guest RAM for the probe's initramfs.
+pub const DEFAULT_MEM_MIB: u32 = 512;
+
+/// What a boot boots: a kernel, an initramfs (several concatenated, as the
+/// kernel unpacks them), how much RAM, and more kernel command line.
+#[derive(Debug, Clone)]
+pub struct Images {
+    /// The kernel image (`-kernel`).
+    pub kernel: PathBuf,
+    /// The initramfs (`-initrd`).
+    pub initrd: PathBuf,
+    /// `-m`, in MiB.
+    pub mem_mib: u32,
+    /// Appended to the kernel command line (with a leading space).
+    pub append: String,
+}
+
+/// The QEMU arguments for booting `config` from `images`.
+pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
+    let (kernel, initrd) = (&images.kernel, &images.initrd);
     let (machine, cpu, console) = match (config.arch, config.backend) {
         (Arch::X86_64, Backend::Kvm) if config.pmu != PmuModel::Default => {
             ("pc", "host,pmu=on", "ttyS0")
@@ -327,7 +358,7 @@ pub fn command_args(
         "-smp",
         &config.smp.to_string(),
         "-m",
-        "512",
+        &images.mem_mib.to_string(),
     ]
     .iter()
     .chain(icount)
@@ -341,8 +372,9 @@ pub fn command_args(
             &initrd.display().to_string(),
             "-append",
             &format!(
-                "console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}{soak}{}",
-                config.workload.cmdline()
+                "console={console} loglevel=1 panic=-1 rdinit=/init{dyndbg}{soak}{}{}",
+                config.workload.cmdline(),
+                images.append
             ),
         ]
         .iter()
@@ -379,6 +411,11 @@ fn unix_now() -> f64 {
 
 /// Boot `config` and collect what the probe reports.
 pub fn run(config: Config, timeout: Duration) -> LinuxRun {
+    run_images(config, timeout, None)
+}
+
+/// [`run`] from `images` instead of the project's own (None).
+pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> LinuxRun {
     let start = Instant::now();
     let started_unix_s = unix_now();
     let done = |outcome: Outcome, console: String, offset: Option<(f64, f64)>| {
@@ -402,9 +439,17 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
             return done(Outcome::Skip(why), String::new(), None);
         }
     }
-    let (kernel, initrd) = match images(config.arch) {
-        Ok(p) => p,
-        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+    let images = match from {
+        Some(i) => i.clone(),
+        None => match images(config.arch) {
+            Ok((kernel, initrd)) => Images {
+                kernel,
+                initrd,
+                mem_mib: DEFAULT_MEM_MIB,
+                append: String::new(),
+            },
+            Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+        },
     };
     let exe = match qemu::emulator(config.arch) {
         Ok(p) => p,
@@ -419,7 +464,7 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
         None => Command::new(&exe),
     };
     let mut child = match command
-        .args(command_args(config, &kernel, &initrd))
+        .args(command_args_for(config, &images))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

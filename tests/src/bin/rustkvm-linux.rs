@@ -5,7 +5,22 @@
 //! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]...
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
 //!               [--timeout S] [--shard i/n] [--junit FILE] [--json]
+//! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
+//!               [--add SRC[:DEST]]... [--packages P[,P]...]
+//!               [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
 //! ```
+//! With `--kernel`: boot that kernel (its architecture read from the image,
+//! or `--arch`) with a userland of busybox, the probe and the Debian
+//! `--packages` for its architecture (`scripts/build-userland.sh`), the
+//! `--initrd`, `--modules` (a `modules_install` tree) and `--add`ed files
+//! on top (DEST defaults to /root/NAME), and run CMD as root after the
+//! probe. Prints, per configuration, CMD's output and exit status, then
+//! the probe's table. CMD is expected to exit 0 everywhere unless
+//! `--expect PATTERN=fail` says otherwise for the configurations whose
+//! label, or backend part of it (`tcg`, `rustkvm,thread=single`), is
+//! PATTERN; exit status 1 if any configuration differs from what was
+//! expected or did not finish the command. Default configurations: tcg,
+//! rustkvm, rustkvm with one host thread, kvm (SKIP where it cannot run).
 //! `--icount`: every configuration under `-icount shift=0,sleep=off`;
 //! `--taskset CPU`: QEMU's threads on that host CPU; `--busy`: instead of
 //! the probe's checks, a spin loop on every vCPU at once (AMOUNT iterations,
@@ -26,6 +41,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use rustkvm_tests::boot::{self, BootSpec};
 use rustkvm_tests::linux::{self, BusyAmount, Config, Outcome, PmuModel, Workload};
 use rustkvm_tests::{Arch, Backend, HarnessError};
 
@@ -40,6 +56,10 @@ struct Args {
     icount: bool,
     pin_cpu: Option<u32>,
     workload: Workload,
+    /// `--kernel` and the rest: boot mode.
+    boot: Option<BootSpec>,
+    /// `--expect PATTERN=pass|fail`, in order (the last match wins).
+    expect: Vec<(String, bool)>,
 }
 
 fn parse() -> Result<Args, HarnessError> {
@@ -55,7 +75,11 @@ fn parse() -> Result<Args, HarnessError> {
         icount: false,
         pin_cpu: None,
         workload: Workload::Probe,
+        boot: None,
+        expect: Vec::new(),
     };
+    let mut spec = BootSpec::default();
+    let mut kernel_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |n: &str| it.next().ok_or_else(|| usage(format!("{n} needs a value")));
@@ -120,6 +144,48 @@ fn parse() -> Result<Args, HarnessError> {
                 a.workload = Workload::Busy { amount, perf_first };
             }
             "--json" => a.json = true,
+            "--kernel" => {
+                spec.kernel = value("--kernel")?.into();
+                kernel_given = true;
+            }
+            "--initrd" => spec.initrd = Some(value("--initrd")?.into()),
+            "--modules" => spec.modules = Some(value("--modules")?.into()),
+            "--add" => {
+                let v = value("--add")?;
+                let (src, dest) = match v.split_once(':') {
+                    Some((s, d)) => (s.to_string(), d.to_string()),
+                    None => {
+                        let name = std::path::Path::new(&v)
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .ok_or_else(|| usage(format!("--add {v}: no file name")))?;
+                        (v.clone(), format!("/root/{name}"))
+                    }
+                };
+                if !dest.starts_with('/') {
+                    return Err(usage(format!("--add {v}: DEST must be absolute")));
+                }
+                spec.add.push((src.into(), dest));
+            }
+            "--packages" => spec.packages.extend(
+                value("--packages")?
+                    .split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string),
+            ),
+            "--run" => spec.run = value("--run")?,
+            "--expect" => {
+                let v = value("--expect")?;
+                let (pattern, what) = v
+                    .rsplit_once('=')
+                    .ok_or_else(|| usage(format!("--expect {v}: PATTERN=pass|fail")))?;
+                let pass = match what {
+                    "pass" => true,
+                    "fail" => false,
+                    _ => return Err(usage(format!("--expect {v}: pass or fail"))),
+                };
+                a.expect.push((pattern.to_string(), pass));
+            }
             "--shard" => {
                 let v = it
                     .next()
@@ -133,11 +199,57 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
         }
+    }
+    if kernel_given {
+        if spec.run.is_empty() {
+            return Err(usage("--kernel needs --run CMD".into()));
+        }
+        if !spec.kernel.is_file() {
+            return Err(usage(format!(
+                "--kernel {}: no such file",
+                spec.kernel.display()
+            )));
+        }
+        match (a.arches.as_slice(), boot::kernel_arch(&spec.kernel)) {
+            ([], Ok(arch)) => a.arches = vec![arch],
+            ([], Err(e)) => return Err(e),
+            ([given], Ok(arch)) if *given != arch => {
+                return Err(usage(format!(
+                    "--arch {given}, but {} is an {arch} kernel",
+                    spec.kernel.display()
+                )))
+            }
+            ([_], _) => {}
+            _ => {
+                return Err(usage(
+                    "--kernel boots one architecture: one --arch at most".into(),
+                ))
+            }
+        }
+        if a.backends.is_empty() {
+            a.backends = vec![
+                (Backend::Tcg, false, false, PmuModel::Default),
+                (Backend::Rustkvm, false, false, PmuModel::Default),
+                (Backend::Rustkvm, true, false, PmuModel::Default),
+                (Backend::Kvm, false, false, PmuModel::Default),
+            ];
+        }
+        a.boot = Some(spec);
+    } else if !spec.run.is_empty()
+        || spec.initrd.is_some()
+        || spec.modules.is_some()
+        || !spec.add.is_empty()
+        || !spec.packages.is_empty()
+        || !a.expect.is_empty()
+    {
+        return Err(usage(
+            "--run, --initrd, --modules, --add, --packages and --expect go with --kernel".into(),
+        ));
     }
     if a.arches.is_empty() {
         a.arches = Arch::ALL.to_vec();
@@ -165,6 +277,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(spec) = args.boot.clone() {
+        return boot_main(&args, &spec);
+    }
     let mut runs = Vec::new();
     for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
         let config = Config {
@@ -218,6 +333,135 @@ fn main() -> ExitCode {
         }
     }
     if runs.iter().any(|r| matches!(r.outcome, Outcome::Error(_))) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Whether `config`'s command is expected to exit 0.
+fn expected_pass(expect: &[(String, bool)], config: &Config) -> bool {
+    let label = config.label();
+    let backend = label.split('/').nth(1).unwrap_or("");
+    expect
+        .iter()
+        .rev()
+        .find(|(p, _)| *p == label || p == backend || label.starts_with(&format!("{p}/")))
+        .is_none_or(|&(_, pass)| pass)
+}
+
+/// `--kernel` mode: boot the user's kernel in every configuration, run the
+/// command, report it and the probe's table.
+fn boot_main(args: &Args, spec: &BootSpec) -> ExitCode {
+    use rustkvm_tests::junit::{Case, Verdict};
+
+    let arch = args.arches[0];
+    let dir = std::env::temp_dir().join(format!("rustkvm-boot-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("rustkvm-linux: {}: {e}", dir.display());
+        return ExitCode::from(2);
+    }
+    let initrd = match boot::initramfs(spec, arch, &dir) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rustkvm-linux: {e}");
+            let _ = std::fs::remove_dir_all(&dir);
+            return ExitCode::from(2);
+        }
+    };
+    let mut runs = Vec::new();
+    let mut cases = Vec::new();
+    let mut bad = 0;
+    for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
+        let config = Config {
+            icount: config.icount || args.icount,
+            pin_cpu: args.pin_cpu,
+            ..config
+        };
+        let run = boot::boot(config, spec, &initrd, args.timeout);
+        let want_pass = expected_pass(&args.expect, &config);
+        let expected = if want_pass { "exit 0" } else { "a failure" };
+        let (verdict, line) = match (&run.linux.outcome, &run.command) {
+            (Outcome::Skip(why), _) => (Verdict::Skip(why.clone()), format!("SKIP ({why})")),
+            (_, Some((_, status))) if (*status == 0) == want_pass => (
+                Verdict::Pass,
+                format!("PASS: exit {status}, expected {expected}"),
+            ),
+            (_, Some((_, status))) => {
+                let m = format!("exit {status}, expected {expected}");
+                (
+                    Verdict::Fail {
+                        message: m.clone(),
+                        detail: run
+                            .command
+                            .as_ref()
+                            .map(|c| c.0.clone())
+                            .unwrap_or_default(),
+                    },
+                    format!("FAIL: {m}"),
+                )
+            }
+            (outcome, None) => {
+                let why = match outcome {
+                    Outcome::Error(e) => e.clone(),
+                    _ => "the command did not finish".to_string(),
+                };
+                let tail: Vec<&str> = run.linux.console.lines().rev().take(30).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                (
+                    Verdict::Fail {
+                        message: "the command did not finish".into(),
+                        detail: format!("{why}\n--- console (tail) ---\n{}", tail.join("\n")),
+                    },
+                    format!(
+                        "FAIL: the command did not finish ({})",
+                        why.lines().next().unwrap_or("")
+                    ),
+                )
+            }
+        };
+        if matches!(verdict, Verdict::Fail { .. }) {
+            bad += 1;
+        }
+        println!(
+            "== {} ({:.1}s): {line}",
+            config.label(),
+            run.linux.elapsed.as_secs_f64()
+        );
+        if let Some((out, _)) = &run.command {
+            println!("{out}");
+        }
+        rustkvm_tests::record_verdict(
+            &format!("boot {}", config.label()),
+            &match &verdict {
+                Verdict::Pass => rustkvm_tests::Status::Pass,
+                Verdict::Skip(w) => rustkvm_tests::Status::Skip(w.clone()),
+                Verdict::Fail { message, .. } => rustkvm_tests::Status::Fail(message.clone()),
+            },
+        );
+        cases.push(Case {
+            classname: format!("rustkvm.boot.{arch}"),
+            name: config.label(),
+            time: run.linux.elapsed,
+            verdict,
+            system_out: run.command.as_ref().map(|c| c.0.clone()),
+        });
+        runs.push(run.linux);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(path) = &args.junit {
+        if let Err(e) = std::fs::write(path, rustkvm_tests::junit::write("rustkvm-boot", &cases)) {
+            eprintln!("rustkvm-linux: writing {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    let all: Vec<&linux::LinuxRun> = runs.iter().collect();
+    println!(
+        "\n{arch} Linux guests: what the probe saw\n{}",
+        linux::table(&all)
+    );
+    println!("boot: {} configurations, {bad} not as expected", runs.len());
+    if bad > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

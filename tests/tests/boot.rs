@@ -1,0 +1,136 @@
+//! `rustkvm-linux --kernel PATH --run CMD` (issue 20.2): Debian's own 6.12
+//! kernels, as a user's kernel, booted on both architectures under tcg and
+//! rustkvm with `linux-perf` from Debian in the userland; `perf stat`
+//! counts instructions under rustkvm and cannot under tcg (declared with
+//! `--expect tcg=fail`); a command that fails where it should pass makes the
+//! runner fail and say so; the JUnit file carries one case per
+//! configuration with the command's output.
+//!
+//! Needs `scripts/build-qemu.sh` and `scripts/build-linux-guests.sh`
+//! (`scripts/test.sh` runs both); the userland is built on first use
+//! (`scripts/build-userland.sh`, cached).
+
+use std::process::Command;
+
+use rustkvm_tests::linux;
+
+/// The runner with `args`: (exit code, stdout + stderr).
+fn runner(args: &[&str], record: bool) -> (Option<i32>, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rustkvm-linux"));
+    c.args(args);
+    if !record {
+        // A failure this test asks for is not a failed run of the suite.
+        c.env_remove(rustkvm_tests::VERDICT_LOG_ENV);
+    }
+    let out = c.output().expect("rustkvm-linux");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+fn kernel(arch: &str) -> String {
+    let arch = rustkvm_tests::Arch::ALL
+        .into_iter()
+        .find(|a| a.name() == arch)
+        .expect("arch");
+    let (k, _) = linux::images(arch).expect("scripts/build-linux-guests.sh");
+    k.display().to_string()
+}
+
+#[test]
+fn a_users_kernel_runs_perf_stat_from_debians_linux_perf_on_both_architectures() {
+    // perf prints "<not supported>" without a PMU that counts the event;
+    // the command fails then.
+    let cmd = "perf stat -e instructions:u -x, busybox true >/tmp/o 2>&1; cat /tmp/o; \
+               ! grep -q 'not supported' /tmp/o";
+    for arch in ["x86_64", "aarch64"] {
+        let junit =
+            std::env::temp_dir().join(format!("rustkvm-boot-{arch}-{}.xml", std::process::id()));
+        let k = kernel(arch);
+        let (code, text) = runner(
+            &[
+                "--kernel",
+                &k,
+                "--backend",
+                "tcg",
+                "--backend",
+                "rustkvm",
+                "--packages",
+                "linux-perf",
+                "--run",
+                cmd,
+                "--expect",
+                "tcg=fail",
+                "--junit",
+                junit.to_str().expect("utf-8"),
+            ],
+            true,
+        );
+        assert_eq!(code, Some(0), "{arch}:\n{text}");
+        assert!(
+            text.contains(&format!("== {arch}/rustkvm/smp2")) && text.contains("PASS: exit 0"),
+            "{arch}:\n{text}"
+        );
+        assert!(
+            text.contains("PASS: exit 1, expected a failure"),
+            "{arch}:\n{text}"
+        );
+        // The count itself, the line after rustkvm's header:
+        // "N,,instructions:u,...", N > 0.
+        let count = text
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("== {arch}/rustkvm/smp2")))
+            .nth(1)
+            .and_then(|l| l.split_once(",,instructions:u"))
+            .and_then(|(n, _)| n.trim().parse::<u64>().ok());
+        assert!(count.is_some_and(|n| n > 0), "{arch}: no count\n{text}");
+        let xml = std::fs::read_to_string(&junit).expect("JUnit file");
+        let _ = std::fs::remove_file(&junit);
+        assert_eq!(xml.matches("<testcase ").count(), 2, "{xml}");
+        assert!(xml.contains("instructions:u"), "{xml}");
+        assert!(!xml.contains("<failure"), "{xml}");
+    }
+}
+
+#[test]
+fn a_command_that_fails_where_it_should_pass_fails_the_run() {
+    let k = kernel("x86_64");
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--backend",
+            "rustkvm",
+            "--run",
+            "echo about to fail; exit 3",
+        ],
+        false,
+    );
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL: exit 3, expected exit 0"), "{text}");
+    assert!(text.contains("about to fail"), "{text}");
+    assert!(
+        text.contains("boot: 1 configurations, 1 not as expected"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_architecture_comes_from_the_image() {
+    let k = kernel("x86_64");
+    let (code, text) = runner(
+        &["--kernel", &k, "--arch", "aarch64", "--run", "true"],
+        false,
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("is an x86_64 kernel"), "{text}");
+    let (code, text) = runner(&["--kernel", "/etc/hostname", "--run", "true"], false);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("not a bzImage, an arm64 Image or an ELF vmlinux"),
+        "{text}"
+    );
+    let (code, text) = runner(&["--kernel", &k], false);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--kernel needs --run CMD"), "{text}");
+}
