@@ -66,6 +66,28 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+impl Outcome {
+    /// The value of the guest's `measure KEY VALUE` line; panics (a test
+    /// helper) with the console when there is none.
+    pub fn measure(&self, key: &str) -> &str {
+        self.measures
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no measure {key} in\n{}", self.serial))
+    }
+
+    /// [`Outcome::measure`] as a number, decimal or `0x` hexadecimal.
+    pub fn measure_u64(&self, key: &str) -> u64 {
+        let v = self.measure(key);
+        let parsed = match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse(),
+        };
+        parsed.unwrap_or_else(|e| panic!("measure {key} {v}: {e}"))
+    }
+}
+
 /// One cell of the result table.
 #[derive(Debug, Clone)]
 pub struct RunResult {

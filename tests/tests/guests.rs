@@ -161,12 +161,7 @@ fn arm64_pmu_sysreg_routing_point_sees_every_access() {
 }
 
 fn measure(r: &run::RunResult, key: &str) -> String {
-    r.outcome
-        .measures
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("no measure {key} in\n{}", r.outcome.serial))
+    r.outcome.measure(key).to_string()
 }
 
 #[test]

@@ -137,16 +137,7 @@ fn the_arm64_counter_offset_survives_savevm_and_live_migration() {
             &[format!("counter-offset={offset}")],
             how,
         );
-        let measure = |key: &str| {
-            let v = r
-                .outcome
-                .measures
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_else(|| panic!("no measure {key} in\n{}", r.outcome.serial));
-            u64::from_str_radix(v.trim_start_matches("0x"), 16).expect("hex")
-        };
+        let measure = |key: &str| r.outcome.measure_u64(key);
         let (after, frq) = (measure("cntvct.after"), measure("cntfrq"));
         // 120 s: longer than both runs' time limits together.
         let since_creation = after.wrapping_add(offset);

@@ -226,18 +226,7 @@ fn total(report: &Value, counter: &str) -> u64 {
 
 /// A `measure` value of the run, as a number.
 fn measure(r: &run::RunResult, key: &str) -> u64 {
-    let v = r
-        .outcome
-        .measures
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("no measure {key}:\n{}", r.outcome.serial));
-    let parsed = match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => v.parse(),
-    };
-    parsed.unwrap_or_else(|e| panic!("measure {key} {v}: {e}"))
+    r.outcome.measure_u64(key)
 }
 
 /// Boot the guest under rustkvm in `variant` with the probes and QEMU's

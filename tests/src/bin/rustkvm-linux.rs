@@ -62,6 +62,18 @@ struct Args {
     expect: Vec<(String, bool)>,
 }
 
+/// tcg, rustkvm, rustkvm on one host thread, rustkvm with the Intel PMU
+/// (x86), kvm: as (backend, thread=single, icount, PMU model).
+fn default_backends() -> Vec<(Backend, bool, bool, PmuModel)> {
+    vec![
+        (Backend::Tcg, false, false, PmuModel::Default),
+        (Backend::Rustkvm, false, false, PmuModel::Default),
+        (Backend::Rustkvm, true, false, PmuModel::Default),
+        (Backend::Rustkvm, false, false, PmuModel::Intel),
+        (Backend::Kvm, false, false, PmuModel::Default),
+    ]
+}
+
 fn parse() -> Result<Args, HarnessError> {
     let usage = HarnessError::Usage;
     let mut a = Args {
@@ -232,12 +244,11 @@ fn parse() -> Result<Args, HarnessError> {
             }
         }
         if a.backends.is_empty() {
-            a.backends = vec![
-                (Backend::Tcg, false, false, PmuModel::Default),
-                (Backend::Rustkvm, false, false, PmuModel::Default),
-                (Backend::Rustkvm, true, false, PmuModel::Default),
-                (Backend::Kvm, false, false, PmuModel::Default),
-            ];
+            // The defaults below without the Intel-PMU column.
+            a.backends = default_backends()
+                .into_iter()
+                .filter(|b| b.3 == PmuModel::Default)
+                .collect();
         }
         a.boot = Some(spec);
     } else if !spec.run.is_empty()
@@ -255,13 +266,7 @@ fn parse() -> Result<Args, HarnessError> {
         a.arches = Arch::ALL.to_vec();
     }
     if a.backends.is_empty() {
-        a.backends = vec![
-            (Backend::Tcg, false, false, PmuModel::Default),
-            (Backend::Rustkvm, false, false, PmuModel::Default),
-            (Backend::Rustkvm, true, false, PmuModel::Default),
-            (Backend::Rustkvm, false, false, PmuModel::Intel),
-            (Backend::Kvm, false, false, PmuModel::Default),
-        ];
+        a.backends = default_backends();
     }
     if a.smps.is_empty() {
         a.smps = vec![2];

@@ -793,6 +793,21 @@ pub fn start_ap(apic_id: u8, work: fn()) {
     wait_for_ap(started);
 }
 
+/// IA32_TSC_DEADLINE (SDM §11.5.4.1).
+pub const MSR_TSC_DEADLINE: u32 = 0x6e0;
+/// Local APIC spurious-interrupt vector register; bit 8 software-enables
+/// the APIC.
+pub const LAPIC_SVR: u32 = 0xf0;
+/// Local APIC LVT timer register.
+pub const LAPIC_LVT_TIMER: u32 = 0x320;
+/// LVT timer mode TSC-deadline (bits 18:17 = 10b).
+pub const LVT_TIMER_TSC_DEADLINE: u32 = 2 << 17;
+
+/// Whether CPUID.1:ECX[24] advertises the TSC-deadline timer mode.
+pub fn has_tsc_deadline() -> bool {
+    cpuid(1, 0)[2] & (1 << 24) != 0
+}
+
 /// IA32_APIC_BASE.
 pub const MSR_IA32_APIC_BASE: u32 = 0x1b;
 /// IA32_APIC_BASE bit 10: x2APIC mode (EXTD).

@@ -28,14 +28,10 @@ fn main(t: &mut Test) {
     use guest::arch::{self, irqs, lapic_irr, rdmsr, rdtsc, set_lapic_reg, wrmsr};
     use guest::{host_said_go, println};
 
-    /// IA32_TSC_DEADLINE.
-    const MSR_TSC_DEADLINE: u32 = 0x6e0;
-    /// Spurious-interrupt vector register; bit 8 software-enables the APIC.
-    const SVR: u32 = 0xf0;
-    /// LVT timer register.
-    const LVT_TIMER: u32 = 0x320;
-    /// LVT timer mode: TSC-deadline (bits 18:17 = 10b).
-    const TSC_DEADLINE_MODE: u32 = 2 << 17;
+    use guest::arch::{
+        LAPIC_LVT_TIMER as LVT_TIMER, LAPIC_SVR as SVR,
+        LVT_TIMER_TSC_DEADLINE as TSC_DEADLINE_MODE, MSR_TSC_DEADLINE,
+    };
     /// The timer's vector.
     const VECTOR: u8 = 0x43;
     /// How far ahead the deadline is kept on the source (TSC ticks; about
@@ -44,7 +40,7 @@ fn main(t: &mut Test) {
     /// Hang guard for the wait on the destination.
     const FIRE_WITHIN: u64 = 20 * AHEAD;
 
-    if arch::cpuid(1, 0)[2] & (1 << 24) == 0 {
+    if !arch::has_tsc_deadline() {
         t.skip(
             "tsc-deadline",
             "CPUID.1:ECX[24] clear: no TSC-deadline mode",

@@ -26,14 +26,10 @@ fn main(t: &mut Test) {
 fn main(t: &mut Test) {
     use guest::arch::{self, lapic_irr, lapic_reg, rdtsc, set_lapic_reg};
 
-    /// IA32_TSC_DEADLINE.
-    const MSR_TSC_DEADLINE: u32 = 0x6e0;
-    /// Spurious-interrupt vector register; bit 8 software-enables the APIC.
-    const SVR: u32 = 0xf0;
-    /// LVT timer register.
-    const LVT_TIMER: u32 = 0x320;
-    /// LVT timer mode: TSC-deadline (bits 18:17 = 10b).
-    const TSC_DEADLINE_MODE: u32 = 2 << 17;
+    use guest::arch::{
+        LAPIC_LVT_TIMER as LVT_TIMER, LAPIC_SVR as SVR,
+        LVT_TIMER_TSC_DEADLINE as TSC_DEADLINE_MODE, MSR_TSC_DEADLINE,
+    };
     /// LVT timer mode: periodic (bits 18:17 = 01b).
     const PERIODIC_MODE: u32 = 1 << 17;
     /// LVT mask bit.
@@ -44,7 +40,7 @@ fn main(t: &mut Test) {
     /// TSC ticks to wait for something that must not happen (5 ms at 2 GHz).
     const QUIET: u64 = 10_000_000;
 
-    if arch::cpuid(1, 0)[2] & (1 << 24) == 0 {
+    if !arch::has_tsc_deadline() {
         t.skip(
             "tsc-deadline",
             "CPUID.1:ECX[24] clear: no TSC-deadline mode",
