@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::error::AccelError;
 use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
-use crate::vcpu::{ResetKind, Route, SavedMsrs, Vcpu};
+use crate::vcpu::{CountingPtr, ResetKind, Route, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::pmu::{Counting, PmuRegs};
 
@@ -682,7 +682,8 @@ pub unsafe extern "C" fn rustkvm_arm_info(
 /// x86 vCPU setup after reset.
 ///
 /// # Safety
-/// `vcpu` is NULL or a live handle.
+/// `vcpu` is NULL or a live handle; `counting` is NULL or points into the
+/// vCPU's CPUX86State, touched only from its thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rustkvm_x86_vcpu_setup(
     vcpu: *mut RustkvmVcpu,
@@ -693,9 +694,11 @@ pub unsafe extern "C" fn rustkvm_x86_vcpu_setup(
 ) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
-        // The layouts agree (checked below), and the caller keeps `counting`
-        // alive and touches it only from the vCPU's thread.
-        v.x86_setup(tsc_khz, kvm_features, pmu, counting.cast::<Counting>());
+        // SAFETY: the layouts agree (checked below), and the caller keeps
+        // `counting` alive as long as the vCPU and touches it only from the
+        // vCPU's thread (CountingPtr::new's contract).
+        let counting = unsafe { CountingPtr::new(counting.cast::<Counting>()) };
+        v.x86_setup(tsc_khz, kvm_features, pmu, counting);
     }
 }
 
@@ -979,7 +982,9 @@ pub unsafe extern "C" fn rustkvm_arm_vcpu_setup(
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
         let n = pmu.then(|| counters.min(31) as u8);
-        v.arm_setup(n, v3p5, counting.cast::<Counting>());
+        // SAFETY: as in rustkvm_x86_vcpu_setup (forwarded caller contract).
+        let counting = unsafe { CountingPtr::new(counting.cast::<Counting>()) };
+        v.arm_setup(n, v3p5, counting);
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::cell::UnsafeCell;
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -158,8 +159,8 @@ struct Local {
     unhalted_ns: u64,
     /// ... and when the current stretch began (VM ns; 0: not in guest code).
     run_since_ns: u64,
-    /// The counting engine's state in QEMU's CPUX86State (null: none).
-    counting: *mut Counting,
+    /// The counting engine's state in QEMU's CPU state (None: none).
+    counting: Option<CountingPtr>,
     /// Host ns of this vCPU's last look at the others ([`Vcpu::mark_descheduled_peers`]).
     peers_seen_ns: u64,
     /// x86: an INIT was applied ([`Vcpu::reset`] with [`ResetKind::Init`])
@@ -178,33 +179,89 @@ impl Default for Local {
             }),
             unhalted_ns: 0,
             run_since_ns: 0,
-            counting: std::ptr::null_mut(),
+            counting: None,
             peers_seen_ns: 0,
             init_pending: false,
         }
     }
 }
 
-/// [`Local`] behind the one-thread-at-a-time contract (see `Vcpu::local`).
-#[derive(Debug, Default)]
-struct LocalCell(UnsafeCell<Local>);
+/// The counting engine's state of one vCPU, which QEMU keeps in the vCPU's
+/// CPU state (`CPUX86State`/`CPUARMState`, rustkvm.h `RustkvmCounting`) and
+/// the vCPU thread's translated code updates inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountingPtr(NonNull<Counting>);
 
-// SAFETY: QEMU reaches a vCPU's `Local` only from that vCPU's thread, or
-// from one thread while the vCPU is stopped (rustkvm.h: the x86 routing
-// points, run begin/end, setup at reset, savevm/loadvm); `Vcpu::local` is
-// the single way in and is never re-entered.
+impl CountingPtr {
+    /// None for a null `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is null or points to a `Counting` that stays valid for as long
+    /// as a vCPU given it (by [`Vcpu::x86_setup`] or [`Vcpu::arm_setup`])
+    /// keeps it, and that nothing else accesses while that vCPU's thread runs
+    /// guest code or a routing point, other than that thread's translated
+    /// code: QEMU's contract for its CPU state (rustkvm.h), and a test's
+    /// for its own `Counting`.
+    pub unsafe fn new(ptr: *mut Counting) -> Option<Self> {
+        NonNull::new(ptr).map(CountingPtr)
+    }
+}
+
+// SAFETY: the pointee is reached only through `Local`, under `LocalCell`'s
+// one-holder rule, as `CountingPtr::new`'s contract allows from any thread.
+unsafe impl Send for CountingPtr {}
+
+/// [`Local`] for one holder at a time. QEMU reaches a vCPU's `Local` from
+/// that vCPU's thread, or from one thread while the vCPU is stopped
+/// (rustkvm.h: the routing points, run begin/end, setup at reset,
+/// savevm/loadvm); [`LocalCell::with`] enforces it, so that no safe call
+/// can race: a second holder at once (another thread, or a re-entry from
+/// inside `with`) panics (the process aborts: `panic = "abort"`) instead of
+/// getting a second `&mut`. One uncontended compare-exchange per access.
+#[derive(Debug, Default)]
+struct LocalCell {
+    held: AtomicBool,
+    local: UnsafeCell<Local>,
+}
+
+// SAFETY: `local` is reached only through `with`, which admits one holder at
+// a time (`held`, taken with Acquire and given back with Release, orders
+// each holder's accesses after the previous holder's); `Local` is `Send`.
 unsafe impl Sync for LocalCell {}
-// SAFETY: as above; the raw pointer is into the vCPU's CPUX86State, which
-// lives as long as the vCPU.
-unsafe impl Send for LocalCell {}
+
+impl LocalCell {
+    /// Run `f` on the `Local`, as its only holder.
+    fn with<R>(&self, f: impl FnOnce(&mut Local) -> R) -> R {
+        if self
+            .held
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            panic!(
+                "rustkvm: a vCPU's PMU state entered twice at once (from two threads, or re-entered): QEMU's one-thread-per-vCPU contract broken"
+            );
+        }
+        /// Gives `held` back when `f` returns (or unwinds, in tests).
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _release = Release(&self.held);
+        // SAFETY: `held` was false and is now ours until `_release` drops:
+        // no other reference to the `Local` exists meanwhile.
+        f(unsafe { &mut *self.local.get() })
+    }
+}
 
 impl Local {
     /// The counting engine's state, if QEMU gave it.
     fn counting(&mut self) -> Option<&mut Counting> {
-        // SAFETY: a pointer into this vCPU's CPUX86State (from
-        // rustkvm_x86_vcpu_setup), which outlives the vCPU handle, touched
-        // by the same thread that may touch `self` (see LocalCell).
-        unsafe { self.counting.as_mut() }
+        // SAFETY: valid and not accessed by anyone else while this vCPU's
+        // `Local` is held (`CountingPtr::new`'s contract; `self` is borrowed
+        // from `LocalCell::with`).
+        self.counting.map(|p| unsafe { &mut *p.0.as_ptr() })
     }
 
     /// Unhalted cycles so far, at the guest TSC rate.
@@ -290,7 +347,7 @@ impl Local {
         });
         // SAFETY: as in `counting` (a copy of the pointer, so that the PMU
         // can be borrowed alongside without copying it).
-        if let Some(c) = unsafe { self.counting.as_mut() } {
+        if let Some(c) = self.counting.map(|p| unsafe { &mut *p.0.as_ptr() }) {
             c.publish(&self.pmu, ev, pmi);
             c.cycles_deadline_ns = deadline;
         }
@@ -763,12 +820,9 @@ impl Vcpu {
     }
 
     /// The lock-free part of the vCPU (see [`LocalCell`]); `f` must not
-    /// call back into it.
+    /// call back into it (that panics).
     fn local<R>(&self, f: impl FnOnce(&mut Local) -> R) -> R {
-        // SAFETY: one thread at a time reaches a vCPU's Local (QEMU's
-        // contract, see LocalCell), and this is the only way in: no other
-        // reference to it exists while `f` runs.
-        f(unsafe { &mut *self.local.0.get() })
+        self.local.with(f)
     }
 
     /// A PMU MSR read: None if `index` is not one (then not the PMU's).
@@ -976,7 +1030,13 @@ impl Vcpu {
     /// PMU (`PMU_*`) and the counting engine's state (reset here; null:
     /// no engine, the PMU then only sees cycles). After an INIT
     /// ([`ResetKind::Init`]) the PMU and the engine's state are kept.
-    pub fn x86_setup(&self, tsc_khz: u64, kvm_features: u32, pmu: u32, counting: *mut Counting) {
+    pub fn x86_setup(
+        &self,
+        tsc_khz: u64,
+        kvm_features: u32,
+        pmu: u32,
+        counting: Option<CountingPtr>,
+    ) {
         self.shared.set_tsc_khz(tsc_khz);
         self.kvm_features.store(kvm_features, Ordering::Relaxed);
         let n = self.shared.pmu_counters();
@@ -1263,7 +1323,7 @@ impl Vcpu {
 
     /// arm64, after each reset: the vCPU's PMUv3 (None: none; Some(n): n
     /// event counters), PMUv3p5, and the counting engine's state (reset).
-    pub fn arm_setup(&self, counters: Option<u8>, v3p5: bool, counting: *mut Counting) {
+    pub fn arm_setup(&self, counters: Option<u8>, v3p5: bool, counting: Option<CountingPtr>) {
         self.local(|l| {
             *l = Local {
                 arm_pmu: crate::arm::pmu::Pmu::new(crate::arm::pmu::PmuConfig { counters, v3p5 }),
@@ -1391,6 +1451,49 @@ pub fn descheduled(cpu_ns: u64, running: bool, interval_ns: u64) -> bool {
         && interval_ns.saturating_sub(cpu_ns).saturating_mul(5) >= interval_ns
 }
 
+/// A [`Counting`] for tests, on the heap behind one raw pointer that the test
+/// and the vCPU it is given to both go through, as QEMU's translated code and
+/// rustkvm do: no reference to it outlives one access.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct TestCounting(NonNull<Counting>);
+
+#[cfg(test)]
+impl TestCounting {
+    /// A new one holding `c`.
+    pub(crate) fn new(c: Counting) -> Self {
+        TestCounting(NonNull::from(Box::leak(Box::new(c))))
+    }
+
+    /// What a vCPU is given. The caller keeps `self` alive as long as that
+    /// vCPU may use it.
+    pub(crate) fn ptr(&self) -> Option<CountingPtr> {
+        // SAFETY: valid until `self` drops (the caller's part); a test is
+        // one thread, and its accesses go through the same pointer.
+        unsafe { CountingPtr::new(self.0.as_ptr()) }
+    }
+
+    /// A copy of its contents.
+    pub(crate) fn get(&self) -> Counting {
+        // SAFETY: valid; no reference to it is live between accesses.
+        unsafe { self.0.as_ptr().read() }
+    }
+
+    /// Change its contents.
+    pub(crate) fn update(&self, f: impl FnOnce(&mut Counting)) {
+        // SAFETY: as in `get`; the `&mut` lives only during `f`.
+        f(unsafe { &mut *self.0.as_ptr() })
+    }
+}
+
+#[cfg(test)]
+impl Drop for TestCounting {
+    fn drop(&mut self) {
+        // SAFETY: from Box::leak in `new`, freed once.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1445,13 +1548,13 @@ mod tests {
     #[test]
     fn the_pmu_reads_the_engines_totals_and_publishes_what_it_needs() {
         let v = Vcpu::new(0, Arch::X86_64);
-        let mut c = Box::new(Counting {
+        let c = TestCounting::new(Counting {
             events: [7; 12],
             budget: 3,
             ..Counting::default()
         });
-        v.x86_setup(0, 0, PMU_INTEL, &mut *c);
-        assert_eq!(*c, Counting::default(), "setup resets the engine");
+        v.x86_setup(0, 0, PMU_INTEL, c.ptr());
+        assert_eq!(c.get(), Counting::default(), "setup resets the engine");
         let Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
             panic!("CPUID 0xA is the PMU's");
         };
@@ -1461,28 +1564,32 @@ mod tests {
         let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | pmu::evtsel::INT | 0xc0;
         assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
         assert_eq!(v.wrmsr(0xc1, (-10i64) as u64), Route::Handled(()));
-        assert_eq!((c.active, c.budget), (1, 10));
-        c.events[0] += 3;
-        c.events[1] += 6;
+        assert_eq!((c.get().active, c.get().budget), (1, 10));
+        c.update(|c| c.events[0] += 3);
+        c.update(|c| c.events[1] += 6);
         assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff));
-        c.events[2] += 1;
+        c.update(|c| c.events[2] += 1);
         assert_eq!(
             v.rdpmc(0),
             Route::Handled(0xffff_ffff_ffff),
             "branches do not count"
         );
-        c.events[1] += 1;
+        c.update(|c| c.events[1] += 1);
         v.pmu_due();
-        assert_eq!(c.pmi, 1, "wrapped on the 10th instruction");
+        assert_eq!(c.get().pmi, 1, "wrapped on the 10th instruction");
         assert_eq!(v.rdmsr(0x38e), Route::Handled(1), "GLOBAL_STATUS");
         assert_eq!(v.rdpmc(0), Route::Handled(0));
         assert_eq!(v.wrmsr(0x38f, 0), Route::Handled(()));
-        assert_eq!((c.active, c.budget), (0, i64::MAX), "GLOBAL_CTRL stops it");
-        v.x86_setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, &mut *c);
+        assert_eq!(
+            (c.get().active, c.get().budget),
+            (0, i64::MAX),
+            "GLOBAL_CTRL stops it"
+        );
+        v.x86_setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, c.ptr());
         assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13), "PDCM: FW_WRITE");
         assert_eq!(v.wrmsr(0x4c1, 1 << 40), Route::Handled(()), "full width");
         assert_eq!(v.rdpmc(0), Route::Handled(1 << 40));
-        v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
+        v.x86_setup(0, 0, PMU_NONE, None);
         assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
     }
 
@@ -1492,12 +1599,7 @@ mod tests {
         let tcg = [0, 0, 1 << 23 | 1, 0];
         // No PMU: PerfCtrExtCore is taken out of 0x80000001 ECX (as KVM).
         assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Handled([0, 0, 1, 0]));
-        v.x86_setup(
-            0,
-            0,
-            PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2,
-            std::ptr::null_mut(),
-        );
+        v.x86_setup(0, 0, PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2, None);
         assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Unhandled);
         assert_eq!(
             v.cpuid(0x8000_0022, 0, [0; 4]),
@@ -1514,7 +1616,7 @@ mod tests {
         assert_eq!(v.rdpmc(5), Route::Handled(0));
         assert_eq!(v.rdpmc(6), Route::Fault);
         // Legacy only: 4 counters, no PerfMonV2 leaf, no extended MSRs.
-        v.x86_setup(0, 0, PMU_AMD, std::ptr::null_mut());
+        v.x86_setup(0, 0, PMU_AMD, None);
         assert_eq!(v.cpuid(0x8000_0022, 0, [0; 4]), Route::Unhandled);
         assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0));
         assert_eq!(v.rdmsr(0xc001_0200), Route::Fault);
@@ -1536,14 +1638,14 @@ mod tests {
         );
         let v = vm.create_vcpu(0).unwrap();
         let v2 = PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2;
-        v.x86_setup(0, 0, v2, std::ptr::null_mut());
+        v.x86_setup(0, 0, v2, None);
         assert_eq!(v.rdmsr(0xc001_0005), Route::Handled(0), "counter 1 exists");
         for msr in [0xc001_0002, 0xc001_0003, 0xc001_0006, 0xc001_0007] {
             assert_eq!(v.rdmsr(msr), Route::Fault, "{msr:#x}");
             assert_eq!(v.wrmsr(msr, 0), Route::Fault, "{msr:#x}");
         }
         assert_eq!(v.rdmsr(0xc1), Route::Handled(0), "Intel's legacy MSRs: 0");
-        v.x86_setup(0, 0, PMU_NONE, std::ptr::null_mut());
+        v.x86_setup(0, 0, PMU_NONE, None);
         assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0), "no PMU: 0");
     }
 
@@ -1551,8 +1653,8 @@ mod tests {
     fn the_arm64_pmu_reads_the_engines_totals_and_drives_the_interrupt_level() {
         use crate::arm::pmu::{evtyper, pmcr};
         let v = Vcpu::new(0, Arch::Aarch64);
-        let mut c = Box::new(Counting::default());
-        v.arm_setup(Some(6), true, &mut *c);
+        let c = TestCounting::new(Counting::default());
+        v.arm_setup(Some(6), true, c.ptr());
         // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
         // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
         let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =
@@ -1572,22 +1674,26 @@ mod tests {
         assert_eq!(v.pmu_write(evcntr0, 1, 0xffff_fff0), Route::Handled(()));
         assert_eq!(v.pmu_write(cntenset, 1, 1), Route::Handled(()));
         assert_eq!(v.pmu_write(intenset, 1, 1), Route::Handled(()));
-        assert_eq!(c.active, 0, "PMCR.E is 0");
+        assert_eq!(c.get().active, 0, "PMCR.E is 0");
         assert_eq!(v.pmu_write(pmcr_el0, 1, pmcr::E), Route::Handled(()));
-        assert_eq!((c.active, c.budget, c.pmi), (1, 16, 0));
-        c.events[0] += 10; // EL0 instructions count (P excludes EL1)
-        c.events[1] += 99;
+        assert_eq!((c.get().active, c.get().budget, c.get().pmi), (1, 16, 0));
+        c.update(|c| c.events[0] += 10); // EL0 instructions count (P excludes EL1)
+        c.update(|c| c.events[1] += 99);
         assert_eq!(v.pmu_read(evcntr0, 1), Route::Handled(0xffff_fffa));
-        c.events[0] += 6;
+        c.update(|c| c.events[0] += 6);
         v.pmu_due();
-        assert_eq!(c.pmi, 1, "overflow with its interrupt enabled: level high");
+        assert_eq!(
+            c.get().pmi,
+            1,
+            "overflow with its interrupt enabled: level high"
+        );
         assert_eq!(
             v.pmu_read(pmcr_el0, 0),
             Route::Fault,
             "EL0 needs PMUSERENR.EN"
         );
         assert_eq!(v.pmu_write(ovsclr, 1, 1), Route::Handled(()));
-        assert_eq!(c.pmi, 0, "level low again");
+        assert_eq!(c.get().pmi, 0, "level low again");
     }
 
     #[test]
@@ -1609,18 +1715,27 @@ mod tests {
         assert_eq!(a.rdmsr(MSR_KVM_STEAL_TIME), Route::Unhandled);
     }
 
+    #[test]
+    #[should_panic(expected = "entered twice at once")]
+    fn a_vcpus_lock_free_state_cannot_be_entered_twice() {
+        // A re-entry (or a second thread) gets a panic, never a second
+        // `&mut Local`.
+        let v = Vcpu::new(0, Arch::X86_64);
+        v.local(|_| v.local(|_| ()));
+    }
+
     /// QEMU's INIT as `do_cpu_init` drives it: the INIT, then the
     /// `cpu_reset()` it emulates the rest with (a cold reset, then setup).
-    fn qemu_init(v: &Vcpu, features: u32, pmu: u32, c: &mut Counting) {
+    fn qemu_init(v: &Vcpu, features: u32, pmu: u32, c: &TestCounting) {
         v.reset(ResetKind::Init);
         v.reset(ResetKind::Cold);
-        v.x86_setup(0, features, pmu, c);
+        v.x86_setup(0, features, pmu, c.ptr());
     }
 
     /// ... and its RESET: `cpu_reset()` alone.
-    fn qemu_reset(v: &Vcpu, features: u32, pmu: u32, c: &mut Counting) {
+    fn qemu_reset(v: &Vcpu, features: u32, pmu: u32, c: &TestCounting) {
         v.reset(ResetKind::Cold);
-        v.x86_setup(0, features, pmu, c);
+        v.x86_setup(0, features, pmu, c.ptr());
     }
 
     #[test]
@@ -1628,9 +1743,9 @@ mod tests {
         use crate::x86::clock::{MSR_IA32_TSC, MSR_IA32_TSC_ADJUST, MSR_KVM_SYSTEM_TIME_NEW};
         use crate::x86::cpuid::KVM_DEFAULT_FEATURES;
         let v = Vcpu::new(1, Arch::X86_64);
-        let mut c = Box::new(Counting::default());
+        let c = TestCounting::new(Counting::default());
         let features = KVM_DEFAULT_FEATURES;
-        qemu_reset(&v, features, PMU_INTEL, &mut c);
+        qemu_reset(&v, features, PMU_INTEL, &c);
         // PMC0: instructions at any CPL; PMC1: cycles with a PMI.
         let insns = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | 0xc0;
         let cycles = insns | pmu::evtsel::INT | 0x3c;
@@ -1638,7 +1753,7 @@ mod tests {
         assert_eq!(v.wrmsr(0xc1, 1_000), Route::Handled(()));
         assert_eq!(v.wrmsr(0x187, cycles & !0xc0), Route::Handled(()));
         assert_eq!(v.wrmsr(0x38f, 3), Route::Handled(()));
-        c.events[1] += 50;
+        c.update(|c| c.events[1] += 50);
         assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Handled(()));
         assert_eq!(v.wrmsr(MSR_KVM_SYSTEM_TIME_NEW, 0x2001), Route::Handled(()));
         assert_eq!(v.wrmsr(MSR_IA32_TSC, 1 << 40), Route::Handled(()));
@@ -1647,7 +1762,7 @@ mod tests {
         };
         v.pv_kick();
 
-        qemu_init(&v, features, PMU_INTEL, &mut c);
+        qemu_init(&v, features, PMU_INTEL, &c);
         assert_eq!(
             v.state().resets,
             2,
@@ -1666,8 +1781,12 @@ mod tests {
         assert_eq!(v.rdmsr(0x187), Route::Handled(cycles & !0xc0));
         assert_eq!(v.rdmsr(0x38f), Route::Handled(3), "GLOBAL_CTRL kept");
         assert_eq!(v.rdpmc(0), Route::Handled(1_050), "PMC0 kept");
-        assert_eq!(c.active, 1, "the engine still counts (published again)");
-        c.events[0] += 7;
+        assert_eq!(
+            c.get().active,
+            1,
+            "the engine still counts (published again)"
+        );
+        c.update(|c| c.events[0] += 7);
         assert_eq!(v.rdpmc(0), Route::Handled(1_057), "and goes on counting");
 
         // A later RESET resets it all, and clears the VM's wall clock MSR
@@ -1681,18 +1800,18 @@ mod tests {
             Route::Handled(0x3000),
             "INIT: the VM's, kept"
         );
-        v.x86_setup(0, features, PMU_INTEL, &mut *c);
-        qemu_reset(&v, features, PMU_INTEL, &mut c);
+        v.x86_setup(0, features, PMU_INTEL, c.ptr());
+        qemu_reset(&v, features, PMU_INTEL, &c);
         assert_eq!(v.rdmsr(wall), Route::Handled(0), "RESET clears it");
         assert_eq!(v.rdmsr(0x186), Route::Handled(0));
         assert_eq!(v.rdpmc(0), Route::Handled(0));
-        assert_eq!((c.active, c.events), (0, [0; 12]));
+        assert_eq!((c.get().active, c.get().events), (0, [0; 12]));
         assert_eq!(v.rdmsr(MSR_IA32_TSC_ADJUST), Route::Handled(0));
         assert_eq!(v.state().resets, 4);
         // Without kvmclock in CPUID, QEMU leaves KVM's wall clock alone.
-        qemu_reset(&v, 0, PMU_INTEL, &mut c);
+        qemu_reset(&v, 0, PMU_INTEL, &c);
         assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
-        qemu_reset(&v, 0, PMU_INTEL, &mut c);
+        qemu_reset(&v, 0, PMU_INTEL, &c);
         assert_eq!(v.rdmsr(wall), Route::Handled(0x3000));
     }
 

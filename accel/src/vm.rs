@@ -621,7 +621,7 @@ mod tests {
         ));
         let vm = Vm::new(x86.with_pmu_counters(6).unwrap());
         let v = vm.create_vcpu(0).unwrap();
-        v.x86_setup(0, 0, crate::vcpu::PMU_INTEL, std::ptr::null_mut());
+        v.x86_setup(0, 0, crate::vcpu::PMU_INTEL, None);
         let crate::vcpu::Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
             panic!("CPUID 0xA");
         };
@@ -757,7 +757,7 @@ mod tests {
         );
         let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
         for v in [&v0, &v1] {
-            v.x86_setup(0, STABLE, 0, std::ptr::null_mut());
+            v.x86_setup(0, STABLE, 0, None);
         }
         let flags = |gpa: u64| {
             let mut b = [0u8];

@@ -245,6 +245,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
                 && p.config.symbol.as_deref().is_none_or(|want| {
                     // SAFETY: as above; QEMU returns NULL or a static string.
                     let s = unsafe { sys::qemu_plugin_insn_symbol(insn) };
+                    // SAFETY: a non-NULL symbol is a NUL-terminated string
+                    // that outlives the translation.
                     !s.is_null() && unsafe { CStr::from_ptr(s) }.to_bytes() == want.as_bytes()
                 })
         })
@@ -252,10 +254,11 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     if !counted.iter().any(|&c| c) {
         return;
     }
-    // SAFETY (all calls below): tb and its instructions are valid during
-    // translation, the scoreboards live until exit.
     let insn_add = |i: usize| {
+        // SAFETY: i < the block's instruction count, during translation.
         let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+        // SAFETY: insn is valid during translation; the scoreboard entry
+        // `e` lives until exit.
         move |e: sys::qemu_plugin_u64, imm: u64| unsafe {
             sys::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(insn, op, e, imm)
         }
@@ -297,12 +300,16 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
                     (i + g.insns, b + g.branches, cl)
                 },
             );
+            // SAFETY: tb is valid during translation; the scoreboard entry
+            // lives until exit.
             let mut add = |e, imm| unsafe {
                 sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, e, imm)
             };
             plant(p.score, &p.config, whole.0, whole.1, &whole.2, &mut add);
         }
     }
+    // SAFETY: tb is valid during translation; the scoreboard lives until
+    // exit; the callbacks are `extern "C"` functions of this plugin.
     let cond = |entry_off: usize, imm: u64, cb: sys::qemu_plugin_vcpu_udata_cb_t| unsafe {
         sys::qemu_plugin_register_vcpu_tb_exec_cond_cb(
             tb,
@@ -326,6 +333,7 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     }
     if c.mem {
         for i in (0..n).filter(|i| counted[*i]) {
+            // SAFETY: i < the block's instruction count, during translation.
             let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
             for (rw, off) in [
                 (
@@ -337,6 +345,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
                     VcpuCounts::MEM_STORES,
                 ),
             ] {
+                // SAFETY: insn is valid during translation; the scoreboard entry
+                // lives until exit.
                 unsafe {
                     sys::qemu_plugin_register_vcpu_mem_inline_per_vcpu(
                         insn,

@@ -126,9 +126,8 @@ impl Counter {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: the kernel returned a new file descriptor we now own.
-        Ok(Counter {
-            fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Counter { fd })
     }
 
     fn ioctl(&self, req: u64) -> io::Result<()> {

@@ -11,6 +11,7 @@ use super::{check_counter, check_writes, edge_u64, gpa, tid, Host, Owner, Region
 use crate::arm::pmu::SAVED_REGS;
 use crate::host::tests::FakeThread;
 use crate::host::HostSched;
+use crate::vcpu::TestCounting;
 use crate::vcpu::{Route, SamplerView, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::clock::TscRate;
@@ -239,7 +240,7 @@ struct World {
     _vm: Vm,
     vcpus: Vec<Arc<Vcpu>>,
     /// The engines' states (their addresses are the vCPUs': never resized).
-    counting: Vec<Counting>,
+    counting: Vec<TestCounting>,
     /// Event counters (None: no PMU), PMUv3p5.
     pmu: (Option<u8>, bool),
     /// PV time structure of each vCPU (None: the machine gave none), and
@@ -311,7 +312,9 @@ impl World {
             host,
             _vm: vm,
             vcpus,
-            counting: vec![Counting::default(); cpus],
+            counting: (0..cpus)
+                .map(|_| TestCounting::new(Counting::default()))
+                .collect(),
             pmu,
             pvtime: given,
             pvtime_on: vec![false; cpus],
@@ -331,8 +334,7 @@ impl World {
     }
 
     fn setup(&mut self, i: usize) {
-        let c: *mut Counting = &mut self.counting[i];
-        self.vcpus[i].arm_setup(self.pmu.0, self.pmu.1, c);
+        self.vcpus[i].arm_setup(self.pmu.0, self.pmu.1, self.counting[i].ptr());
     }
 
     fn active(&self) -> Vec<Region> {
@@ -476,8 +478,7 @@ impl World {
                 self.budget(None, rate.ticks(now + vm_ns) - rate.ticks(now) + 1);
             }
             Op::Events { cpu, slot, n } => {
-                let e = &mut self.counting[cpu].events[slot];
-                *e = e.wrapping_add(n);
+                self.counting[cpu].update(|c| c.events[slot] = c.events[slot].wrapping_add(n));
                 self.budget(Some(cpu), n);
             }
             Op::PmuDue { cpu } => self.vcpus[cpu].pmu_due(),

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use super::{check_counter, check_writes, edge_u64, gpa, tid, Host, Owner, Region, Registry, RAM};
 use crate::host::tests::FakeThread;
 use crate::host::HostSched;
+use crate::vcpu::TestCounting;
 use crate::vcpu::{ResetKind, Route, SamplerView, SavedMsrs, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::clock::{scale_delta, TscRate, PAGE_SIZE};
@@ -421,7 +422,7 @@ struct World {
     _vm: Vm,
     vcpus: Vec<Arc<Vcpu>>,
     /// The engines' states (their addresses are the vCPUs': never resized).
-    counting: Vec<Counting>,
+    counting: Vec<TestCounting>,
     shape: Shape,
     /// The KVM features advertised; enforced (`kvm-pv-enforce-cpuid`) or not.
     features: u32,
@@ -491,7 +492,9 @@ impl World {
             host,
             _vm: vm,
             vcpus,
-            counting: vec![Counting::default(); cpus],
+            counting: (0..cpus)
+                .map(|_| TestCounting::new(Counting::default()))
+                .collect(),
             shape,
             features,
             enforce,
@@ -517,8 +520,12 @@ impl World {
 
     /// QEMU's setup after a reset.
     fn setup(&mut self, i: usize) {
-        let c: *mut Counting = &mut self.counting[i];
-        self.vcpus[i].x86_setup(self.tsc_khz, self.features, self.shape.setup_arg(), c);
+        self.vcpus[i].x86_setup(
+            self.tsc_khz,
+            self.features,
+            self.shape.setup_arg(),
+            self.counting[i].ptr(),
+        );
         self.vcpus[i].x86_enforce_pv_cpuid(self.enforce);
     }
 
@@ -641,8 +648,7 @@ impl World {
                 self.budget(None, ticks);
             }
             Op::Events { cpu, slot, n } => {
-                let e = &mut self.counting[cpu].events[slot];
-                *e = e.wrapping_add(n);
+                self.counting[cpu].update(|c| c.events[slot] = c.events[slot].wrapping_add(n));
                 self.budget(Some(cpu), n);
             }
             Op::PmuDue { cpu } => self.vcpus[cpu].pmu_due(),
