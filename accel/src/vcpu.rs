@@ -1,8 +1,8 @@
 //! One vCPU: its saved state and the routing points QEMU calls on it.
 //!
-//! Every routing point answers with a [`Route`]. Until a feature claims an
-//! access (PMU, steal time, kvmclock, hypercalls: later issues), the answer is
-//! [`Route::Unhandled`] and QEMU does exactly what TCG does.
+//! Every routing point answers with a [`Route`]. What no model claims (the
+//! PMU, steal time, kvmclock and the TSC, hypercalls, SMCCC, PV time) is
+//! [`Route::Unhandled`], and QEMU does exactly what TCG does.
 
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -130,8 +130,9 @@ impl RouteCounters {
     }
 }
 
-/// Per-vCPU state, plain data so that QEMU can describe it with a
-/// VMStateDescription for savevm/loadvm and migration.
+/// Per-vCPU state under the vCPU's lock: steal-time and clock accounting,
+/// the PV MSRs. (savevm/loadvm carry what the guest can see of it through
+/// [`SavedMsrs`] and QEMU's CPU state, not this struct.)
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct VcpuState {

@@ -67,7 +67,12 @@ pub struct VmConfig {
     pub mttcg: bool,
     /// `-icount`: VM time counts instructions; steal counts VM time.
     pub icount: bool,
-    /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset.
+    /// arm64 `counter-offset`: KVM_ARM_SET_COUNTER_OFFSET's VM-wide offset,
+    /// subtracted modulo 2^64 from both the virtual and the physical counter
+    /// views, like CNTVOFF_EL2/CNTPOFF_EL2 but global (Linux
+    /// `Documentation/virt/kvm/api.rst`, `arch/arm64/kvm/arch_timer.c`
+    /// `timer_get_offset`). Without one the counters count QEMU's virtual
+    /// clock from VM start, as KVM's start near 0 at VM creation.
     pub counter_offset: u64,
     /// x86 `pmu-counters`: GP counters of a `pmu=on` vCPU's PMU (0: the
     /// vendor's default, Intel 4, AMD PerfMonV2 6).
