@@ -1,9 +1,8 @@
 //! The machine: configuration and the registry of live vCPUs.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
 
 use crate::error::AccelError;
 use crate::host::{HostSched, LinuxSched};
@@ -148,6 +147,12 @@ pub struct Shared {
     pub icount: bool,
     /// The host's clock and scheduler as the models read them.
     sched: Arc<dyn HostSched>,
+    /// The machine's vCPUs by QEMU's `cpu_index`: the one registry (the
+    /// [`Vm`] creates and removes; a spinning vCPU looks at the others).
+    /// Each vCPU holds the Shared: [`Vm`]'s drop empties it.
+    vcpus: parking_lot::RwLock<Vec<Option<Arc<Vcpu>>>>,
+    /// How many of them there are (read on every entry, without the lock;
+    /// changed only under `vcpus`' write lock).
     live_vcpus: AtomicU32,
     /// x86: the guest TSC frequency in kHz, 0 until a vCPU set it.
     tsc_khz: AtomicU64,
@@ -158,9 +163,6 @@ pub struct Shared {
     pub old_kvmclock_on_boot_vcpu: AtomicBool,
     /// x86: `pmu-counters` (set once at machine creation).
     pmu_counters: AtomicU32,
-    /// The vCPUs, for a spinning vCPU to look at the others (weak: each
-    /// vCPU holds the Shared).
-    peers: parking_lot::RwLock<Vec<Weak<Vcpu>>>,
     /// The MTTCG sampler found a vCPU thread kept off the host CPUs lately.
     contended: AtomicBool,
     /// The VM is running (QEMU's run state, [`Vm::set_running`]). Threads of
@@ -197,12 +199,12 @@ impl Shared {
             mttcg,
             icount: false,
             sched,
+            vcpus: parking_lot::RwLock::new(Vec::new()),
             live_vcpus: AtomicU32::new(0),
             tsc_khz: AtomicU64::new(0),
             wall_clock_msr: AtomicU64::new(0),
             old_kvmclock_on_boot_vcpu: AtomicBool::new(false),
             pmu_counters: AtomicU32::new(0),
-            peers: parking_lot::RwLock::new(Vec::new()),
             contended: AtomicBool::new(false),
             running: parking_lot::RwLock::new(false),
         }
@@ -213,12 +215,10 @@ impl Shared {
         self.contended.load(Ordering::Relaxed)
     }
 
-    /// Run `f` on each live vCPU.
+    /// Run `f` on each live vCPU, in index order.
     pub fn for_each_peer(&self, mut f: impl FnMut(&Vcpu)) {
-        for p in self.peers.read().iter() {
-            if let Some(v) = p.upgrade() {
-                f(&v);
-            }
+        for v in self.vcpus.read().iter().flatten() {
+            f(v);
         }
     }
 
@@ -295,7 +295,15 @@ impl Shared {
 pub struct Vm {
     config: VmConfig,
     shared: Arc<Shared>,
-    vcpus: Mutex<Vec<Option<Arc<Vcpu>>>>,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // Each vCPU holds the Shared: let the registry go with the machine
+        // (vCPUs QEMU still holds stay valid until it destroys them).
+        self.shared.vcpus.write().clear();
+        self.shared.live_vcpus.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Vm {
@@ -321,10 +329,10 @@ impl Vm {
         shared
             .pmu_counters
             .store(u32::from(config.pmu_counters), Ordering::Relaxed);
+        *shared.vcpus.get_mut() = vec![None; config.max_cpus as usize];
         Vm {
             config,
             shared: Arc::new(shared),
-            vcpus: Mutex::new(vec![None; config.max_cpus as usize]),
         }
     }
 
@@ -335,7 +343,7 @@ impl Vm {
 
     /// Create vCPU `index`.
     pub fn create_vcpu(&self, index: u32) -> Result<Arc<Vcpu>, AccelError> {
-        let mut vcpus = self.vcpus.lock();
+        let mut vcpus = self.shared.vcpus.write();
         let slot = vcpus
             .get_mut(index as usize)
             .ok_or(AccelError::VcpuIndexOutOfRange {
@@ -355,30 +363,25 @@ impl Vm {
         ));
         *slot = Some(Arc::clone(&vcpu));
         self.shared.live_vcpus.fetch_add(1, Ordering::Relaxed);
-        self.shared.peers.write().push(Arc::downgrade(&vcpu));
         Ok(vcpu)
     }
 
     /// Forget vCPU `index`; returns whether it existed.
     pub fn remove_vcpu(&self, index: u32) -> bool {
-        let mut vcpus = self.vcpus.lock();
+        let mut vcpus = self.shared.vcpus.write();
         let removed = vcpus
             .get_mut(index as usize)
             .and_then(Option::take)
             .is_some();
         if removed {
             self.shared.live_vcpus.fetch_sub(1, Ordering::Relaxed);
-            self.shared
-                .peers
-                .write()
-                .retain(|p| p.upgrade().is_some_and(|v| v.index() != index));
         }
         removed
     }
 
     /// The live vCPUs, in index order.
     pub fn vcpus(&self) -> Vec<Arc<Vcpu>> {
-        self.vcpus.lock().iter().flatten().cloned().collect()
+        self.shared.vcpus.read().iter().flatten().cloned().collect()
     }
 
     /// QEMU's VM run state changed (a VM change state handler, BQL held):
