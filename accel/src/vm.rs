@@ -3,7 +3,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-
 use crate::error::AccelError;
 use crate::host::{HostSched, LinuxSched};
 use crate::memory::{Host, NoMemory};
