@@ -69,6 +69,10 @@ impl ThreadWatch {
     /// schedstat's fields it grows while the thread runs and stands still
     /// while it waits.
     pub fn cpu_ns(&self) -> Option<u64> {
+        // Miri has no thread CPU clocks: unreadable, as on a foreign host.
+        if cfg!(miri) {
+            return None;
+        }
         // clockid of a thread's CPUCLOCK_SCHED clock: ~tid << 3 | PERTHREAD
         // (4) | SCHED (2), as glibc's pthread_getcpuclockid.
         let clock = (!self.tid << 3) | 6;
@@ -237,6 +241,10 @@ pub fn blocked_signals() -> libc::sigset_t {
 /// long slices instead of waiting for their slice to end. Unprivileged;
 /// older kernels ignore the runtime. Returns whether the call succeeded.
 pub fn request_short_slice(slice_ns: u64) -> bool {
+    // Miri (`cargo miri test`) has no scheduler to ask.
+    if cfg!(miri) {
+        return false;
+    }
     // Keep the thread's nice value (sched_setattr sets it too). SAFETY:
     // getpriority has no memory effects; for PRIO_PROCESS and 0 Linux
     // answers for the calling thread.
@@ -471,6 +479,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn the_linux_host_reads_this_threads_clocks_through_the_watch() {
         let host = LinuxSched::new();
         let t0 = host.now_ns();
@@ -499,6 +508,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn another_threads_schedstat_is_readable_by_tid() {
         let w = ThreadWatch::new(current_tid());
         // The delay may still be 0 for a thread that has not been
@@ -538,6 +548,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn another_threads_cpu_clock_is_readable_and_never_goes_back() {
         let (spin, stop) = (
             Arc::new(AtomicBool::new(false)),
@@ -649,6 +660,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn threads_we_spawn_block_signals_as_qemus_own_and_the_spawner_keeps_its_mask() {
         let is_blocked = |set: &libc::sigset_t, sig| {
             // SAFETY: a valid, initialised set.
@@ -684,6 +696,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn a_short_slice_keeps_the_threads_nice_value() {
         std::thread::spawn(|| {
             // SAFETY: raising this thread's nice value is always allowed.
@@ -707,6 +720,7 @@ pub mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads the real host (syscalls, /proc)")]
     fn this_threads_run_delay_is_read_and_never_goes_back() {
         let a = thread_run_delay_ns();
         let mut x = 0u64;

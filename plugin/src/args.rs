@@ -71,6 +71,9 @@ pub struct Config {
     /// Record every vCPU's counters each time it executes this many more
     /// counted instructions (at block boundaries; 0: never).
     pub interval: u64,
+    /// Where to write the interval records as Chrome/Perfetto trace-event
+    /// JSON (counter tracks per vCPU); needs `interval=`.
+    pub timeline: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             symbol: None,
             limit: 0,
             interval: 0,
+            timeline: None,
         }
     }
 }
@@ -117,7 +121,9 @@ impl fmt::Display for ArgError {
 impl std::error::Error for ArgError {}
 
 const KEYS: &str =
-    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=";
+    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=";
+const TIMELINE: &str =
+    "timeline=PATH (a file the plugin can create; with interval=N: the interval records as trace-event JSON)";
 const RANGE: &str =
     "filter=START-END (guest virtual addresses, hex with 0x or decimal, START < END)";
 const LIMIT: &str =
@@ -237,8 +243,20 @@ impl Config {
                         .filter(|n| *n >= 1000)
                         .ok_or_else(|| bad(INTERVAL))?
                 }
+                "timeline" => {
+                    if value.is_empty() {
+                        return Err(bad(TIMELINE));
+                    }
+                    c.timeline = Some(PathBuf::from(value));
+                }
                 _ => return Err(bad(KEYS)),
             }
+        }
+        if c.timeline.is_some() && c.interval == 0 {
+            return Err(ArgError {
+                arg: "timeline=".to_string(),
+                accepted: TIMELINE,
+            });
         }
         if !format_given {
             if let Some(p) = &c.outfile {
@@ -291,6 +309,15 @@ mod tests {
         assert_eq!(c.range, Some((0x1000, 0x2000)));
         assert_eq!(c.symbol.as_deref(), Some("main"));
         assert_eq!((c.limit, c.interval), (1_000_000, 0x10000));
+        let c = Config::parse(["interval=1000", "timeline=/tmp/t.json"]).unwrap();
+        assert_eq!(c.timeline, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(
+            Config::parse(["timeline=/tmp/t.json"])
+                .unwrap_err()
+                .accepted,
+            TIMELINE,
+            "a timeline needs intervals"
+        );
     }
 
     #[test]

@@ -44,6 +44,10 @@ struct Plugin {
     hot: Mutex<HotTable<*mut sys::qemu_plugin_scoreboard>>,
     intervals: Mutex<Vec<Interval>>,
     out: Mutex<Option<File>>,
+    /// `timeline=`'s file.
+    timeline: Mutex<Option<File>>,
+    /// When the plugin was loaded (the timeline's time 0).
+    loaded: std::time::Instant,
 }
 
 // SAFETY: the scoreboard pointers are handles QEMU lets any vCPU thread use
@@ -129,6 +133,15 @@ unsafe fn install(
         })?),
         None => None,
     };
+    let timeline = match &config.timeline {
+        Some(p) => Some(File::create(p).map_err(|e| {
+            format!(
+                "rustkvm plugin: bad argument 'timeline={}': cannot create it: {e}",
+                p.display()
+            )
+        })?),
+        None => None,
+    };
     // SAFETY: plain plugin API call.
     let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
     let plugin = Plugin {
@@ -140,6 +153,8 @@ unsafe fn install(
         hot: Mutex::new(HotTable::new()),
         intervals: Mutex::new(Vec::new()),
         out: Mutex::new(out),
+        timeline: Mutex::new(timeline),
+        loaded: std::time::Instant::now(),
     };
     PLUGIN
         .set(plugin)
@@ -503,7 +518,12 @@ unsafe extern "C" fn on_interval(vcpu: c_uint, _data: *mut c_void) {
     // SAFETY: our own scoreboard; this vCPU's slot, on its own thread.
     unsafe { sys::qemu_plugin_u64_set(entry(p.score, VcpuCounts::SINCE_INTERVAL), vcpu, 0) };
     if let Ok(mut v) = p.intervals.lock() {
-        v.push(Interval { vcpu, counts });
+        let host_ns = u64::try_from(p.loaded.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        v.push(Interval {
+            vcpu,
+            counts,
+            host_ns,
+        });
     }
 }
 
@@ -543,6 +563,14 @@ fn write_report(p: &Plugin, report: Report) {
             };
             if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| f.flush()) {
                 eprintln!("rustkvm plugin: writing the report: {e}");
+            }
+        }
+    }
+    if let Ok(mut t) = p.timeline.lock() {
+        if let Some(f) = t.as_mut() {
+            let text = report.to_timeline(p.config.interval);
+            if let Err(e) = f.write_all(text.as_bytes()).and_then(|()| f.flush()) {
+                eprintln!("rustkvm plugin: writing the timeline: {e}");
             }
         }
     }

@@ -97,6 +97,8 @@ pub struct Interval {
     pub vcpu: u32,
     /// Its counters then (cumulative).
     pub counts: VcpuCounts,
+    /// Host time then, ns since the plugin was loaded (monotonic).
+    pub host_ns: u64,
 }
 
 /// The whole report.
@@ -222,6 +224,91 @@ impl Report {
         s
     }
 
+    /// The interval records as Chrome/Perfetto trace-event JSON ("JSON
+    /// Object Format": `traceEvents`, timestamps in µs of host time since
+    /// the plugin was loaded): per vCPU one process ("vCPU N") whose counter
+    /// tracks ("ph": "C") hold, at each record, what the interval counted
+    /// of each counter, and `per instruction` ratios (branches, loads,
+    /// stores per instruction). Each record also carries its cumulative
+    /// instruction count (`args.at_instructions` of the `instructions`
+    /// track) for plotting against instructions executed
+    /// (scripts/plot-timeline.py).
+    pub fn to_timeline(&self, interval: u64) -> String {
+        let mut ev: Vec<String> = Vec::new();
+        let mut seen: Vec<u32> = self.intervals.iter().map(|i| i.vcpu).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for v in &seen {
+            ev.push(format!(
+                "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"name\": \"vCPU {v}\"}}}}",
+                v + 1
+            ));
+        }
+        let mut last: Vec<VcpuCounts> =
+            vec![VcpuCounts::default(); seen.last().map_or(0, |v| *v as usize + 1)];
+        for i in &self.intervals {
+            let prev = last[i.vcpu as usize];
+            last[i.vcpu as usize] = i.counts;
+            let d = |a: u64, b: u64| a.saturating_sub(b);
+            let insns = d(i.counts.instructions, prev.instructions);
+            let ts = i.host_ns as f64 / 1000.0;
+            let pid = i.vcpu + 1;
+            let mut counter = |name: &str, args: String| {
+                ev.push(format!(
+                    "{{\"name\": {}, \"ph\": \"C\", \"ts\": {ts:.3}, \"pid\": {pid}, \"args\": {{{args}}}}}",
+                    json_str(name)
+                ));
+            };
+            if self.counters.instructions {
+                counter(
+                    "instructions",
+                    format!(
+                        "\"instructions\": {insns}, \"at_instructions\": {}",
+                        i.counts.instructions
+                    ),
+                );
+            }
+            let ratio = |n: u64| {
+                if insns == 0 {
+                    0.0
+                } else {
+                    n as f64 / insns as f64
+                }
+            };
+            if self.counters.branches {
+                let b = d(i.counts.branches, prev.branches);
+                counter("branches", format!("\"branches\": {b}"));
+                counter(
+                    "branches per instruction",
+                    format!("\"ratio\": {:.6}", ratio(b)),
+                );
+            }
+            if self.counters.mem {
+                let (l, st) = (
+                    d(i.counts.mem_loads, prev.mem_loads),
+                    d(i.counts.mem_stores, prev.mem_stores),
+                );
+                counter("loads", format!("\"loads\": {l}"));
+                counter("stores", format!("\"stores\": {st}"));
+                counter(
+                    "memory accesses per instruction",
+                    format!("\"ratio\": {:.6}", ratio(l + st)),
+                );
+            }
+            if self.counters.classes {
+                for c in Class::ALL {
+                    let n = d(i.counts.classes[c as usize], prev.classes[c as usize]);
+                    counter(c.name(), format!("\"instructions\": {n}"));
+                }
+            }
+        }
+        format!(
+            "{{\"displayTimeUnit\": \"ns\",\n \"otherData\": {{\"schema\": \"rustkvm-plugin-timeline/1\", \"target\": {}, \"interval\": {interval}}},\n \"traceEvents\": [\n  {}\n ]\n}}\n",
+            json_str(&self.target),
+            ev.join(",\n  ")
+        )
+    }
+
     /// `scope,event,value` rows: `vcpuN`, `total`, `hot:0xADDR`,
     /// `intervalK:vcpuN`, and `stopped,limit_vcpu,N` when `limit=` stopped
     /// the run.
@@ -334,8 +421,32 @@ mod tests {
                     instructions: 4,
                     ..Default::default()
                 },
+                host_ns: 2_500,
             }],
             stopped_at_limit: None,
+        }
+    }
+
+    #[test]
+    fn the_timeline_has_a_process_per_vcpu_and_counter_events() {
+        let mut r = report();
+        r.intervals.push(Interval {
+            vcpu: 1,
+            counts: VcpuCounts {
+                instructions: 14,
+                branches: 5,
+                ..Default::default()
+            },
+            host_ns: 7_000,
+        });
+        let t = r.to_timeline(10);
+        for want in [
+            "\"traceEvents\"",
+            "\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 2, \"args\": {\"name\": \"vCPU 1\"}",
+            "\"name\": \"instructions\", \"ph\": \"C\", \"ts\": 7.000, \"pid\": 2, \"args\": {\"instructions\": 10, \"at_instructions\": 14}",
+            "\"ratio\": 0.500000",
+        ] {
+            assert!(t.contains(want), "{want} in\n{t}");
         }
     }
 

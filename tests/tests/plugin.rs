@@ -485,3 +485,111 @@ fn intervals_are_recorded() {
         );
     }
 }
+
+/// `timeline=` on both architectures, one QEMU process each (two vCPUs of
+/// `plugin-counted`, every counter): the file is trace-event JSON as
+/// Perfetto reads it (a `traceEvents` array of metadata and counter events,
+/// numeric timestamps and values), one process per vCPU; per vCPU the
+/// `instructions` track's intervals add up to its last cumulative count,
+/// which is the report's last interval record for that vCPU; and
+/// scripts/plot-timeline.py turns it into a well-formed SVG with a line per
+/// vCPU, against instructions and against time.
+#[test]
+fn timelines_are_trace_event_json_and_plot() {
+    for arch in [Arch::X86_64, Arch::Aarch64] {
+        let exe = qemu::emulator(arch).expect("built");
+        let dir = scratch(&format!("timeline-{arch}"));
+        let (report, timeline) = (dir.join("r.json"), dir.join("t.json"));
+        let plugins = vec![(
+            copy_of_ours(&dir, "tl"),
+            format!(
+                "counters=all,quiet=on,interval=100000,outfile={},timeline={}",
+                report.display(),
+                timeline.display()
+            ),
+        )];
+        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(200_000));
+        assert_eq!(
+            run.status.and_then(|s| arch.guest_status(s)),
+            Some(0),
+            "{arch}: {}",
+            run.stderr
+        );
+        let t = json(&timeline);
+        let events = t["traceEvents"].as_array().expect("traceEvents");
+        let mut last_at: std::collections::BTreeMap<u64, (u64, u64, f64)> = Default::default();
+        let mut processes = 0;
+        for e in events {
+            let ph = e["ph"].as_str().expect("ph");
+            let pid = e["pid"].as_u64().expect("pid");
+            assert!(e["name"].is_string(), "{e}");
+            match ph {
+                "M" => {
+                    assert_eq!(e["name"], "process_name", "{e}");
+                    processes += 1;
+                }
+                "C" => {
+                    let ts = e["ts"].as_f64().expect("numeric ts");
+                    let args = e["args"].as_object().expect("args");
+                    assert!(args.values().all(Value::is_number), "{e}");
+                    if e["name"] == "instructions" {
+                        let (sum, at, last_ts) = last_at.entry(pid).or_insert((0, 0, 0.0));
+                        let now_at = args["at_instructions"].as_u64().expect("at");
+                        assert!(now_at > *at && ts >= *last_ts, "{e}");
+                        *sum += args["instructions"].as_u64().expect("delta");
+                        (*at, *last_ts) = (now_at, ts);
+                    }
+                }
+                other => panic!("{arch}: event phase {other}: {e}"),
+            }
+        }
+        assert_eq!(processes, 2, "{arch}: one process per vCPU");
+        assert_eq!(
+            last_at.len(),
+            2,
+            "{arch}: both vCPUs have an instructions track"
+        );
+        let r = json(&report);
+        for (pid, (sum, at, _)) in &last_at {
+            assert_eq!(sum, at, "{arch}: vCPU {}: intervals add up", pid - 1);
+            let last = r["intervals"]
+                .as_array()
+                .expect("intervals")
+                .iter()
+                .rfind(|i| i["vcpu"].as_u64() == Some(pid - 1))
+                .expect("an interval record");
+            assert_eq!(last["instructions"].as_u64(), Some(*at), "{arch}");
+        }
+        for x in ["instructions", "time"] {
+            let svg = dir.join(format!("plot-{x}.svg"));
+            let out = Command::new("python3")
+                .arg(rustkvm_tests::repo_root().join("scripts/plot-timeline.py"))
+                .arg(&timeline)
+                .arg(&svg)
+                .args(["--x", x])
+                .output()
+                .expect("python3");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = std::fs::read_to_string(&svg).expect("svg");
+            assert!(text.starts_with("<svg"), "{text}");
+            // Every panel has a line per vCPU.
+            let panels = text.matches("font-weight=\"bold\"").count();
+            assert!(panels >= 3, "{panels} panels");
+            assert_eq!(text.matches("<polyline").count(), 2 * panels, "{arch} {x}");
+            let wf = Command::new("python3")
+                .args([
+                    "-c",
+                    "import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])",
+                ])
+                .arg(&svg)
+                .status()
+                .expect("python3");
+            assert!(wf.success(), "{arch}: the SVG is not well-formed XML");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
