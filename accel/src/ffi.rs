@@ -1193,7 +1193,7 @@ mod tests {
             unsafe extern "C" fn exit(opaque: *mut c_void) {
                 EXITS.fetch_add(opaque as u64, Ordering::SeqCst);
             }
-            rustkvm_vcpu_set_exit_request(v0, Some(exit), 7 as *mut c_void);
+            rustkvm_vcpu_set_exit_request(v0, Some(exit), std::ptr::without_provenance_mut(7));
             rustkvm_vcpu_set_exit_request(std::ptr::null_mut(), Some(exit), std::ptr::null_mut());
             vcpu_ref(v0).unwrap().request_exit();
             assert_eq!(EXITS.load(Ordering::SeqCst), 7, "exit(opaque) called");
