@@ -74,6 +74,11 @@ pub struct Config {
     /// Where to write the interval records as Chrome/Perfetto trace-event
     /// JSON (counter tracks per vCPU); needs `interval=`.
     pub timeline: Option<PathBuf>,
+    /// `bbv=PATH`: basic-block vectors per vCPU per interval, in
+    /// `PATH.N.bb` (needs `interval=`; crate::blocks).
+    pub bbv: Option<PathBuf>,
+    /// `drcov=PATH`: the executed blocks in drcov format (crate::blocks).
+    pub drcov: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -95,6 +100,8 @@ impl Default for Config {
             limit: 0,
             interval: 0,
             timeline: None,
+            bbv: None,
+            drcov: None,
         }
     }
 }
@@ -121,7 +128,10 @@ impl fmt::Display for ArgError {
 impl std::error::Error for ArgError {}
 
 const KEYS: &str =
-    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=";
+    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=, bbv=, drcov=";
+const BBV: &str =
+    "bbv=PATH (with interval=N: basic-block vectors per vCPU in PATH.N.bb, SimPoint's format)";
+const DRCOV: &str = "drcov=PATH (a file the plugin can create: executed blocks, drcov format)";
 const TIMELINE: &str =
     "timeline=PATH (a file the plugin can create; with interval=N: the interval records as trace-event JSON)";
 const RANGE: &str =
@@ -249,8 +259,26 @@ impl Config {
                     }
                     c.timeline = Some(PathBuf::from(value));
                 }
+                "bbv" => {
+                    if value.is_empty() {
+                        return Err(bad(BBV));
+                    }
+                    c.bbv = Some(PathBuf::from(value));
+                }
+                "drcov" => {
+                    if value.is_empty() {
+                        return Err(bad(DRCOV));
+                    }
+                    c.drcov = Some(PathBuf::from(value));
+                }
                 _ => return Err(bad(KEYS)),
             }
+        }
+        if c.bbv.is_some() && c.interval == 0 {
+            return Err(ArgError {
+                arg: "bbv=".to_string(),
+                accepted: BBV,
+            });
         }
         if c.timeline.is_some() && c.interval == 0 {
             return Err(ArgError {
@@ -317,6 +345,14 @@ mod tests {
                 .accepted,
             TIMELINE,
             "a timeline needs intervals"
+        );
+        let c = Config::parse(["interval=1000", "bbv=/tmp/b", "drcov=/tmp/d"]).unwrap();
+        assert_eq!(c.bbv, Some(PathBuf::from("/tmp/b")));
+        assert_eq!(c.drcov, Some(PathBuf::from("/tmp/d")));
+        assert_eq!(
+            Config::parse(["bbv=/tmp/b"]).unwrap_err().accepted,
+            BBV,
+            "BBVs need intervals"
         );
     }
 

@@ -9,6 +9,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod args;
+pub mod blocks;
 pub mod classify;
 pub mod hot;
 mod qemu;

@@ -18,6 +18,7 @@ use std::sync::{Mutex, OnceLock};
 use qemu_plugin_sys as sys;
 
 use crate::args::{Config, Format, Mode};
+use crate::blocks::{bb_line, drcov, BlockTable};
 use crate::classify::{groups_of, Arch, Class, Classifier, InsnInfo};
 use crate::hot::{BlockInfo, BlockKey, HotTable};
 use crate::report::{Interval, Report, VcpuCounts};
@@ -46,6 +47,12 @@ struct Plugin {
     out: Mutex<Option<File>>,
     /// `timeline=`'s file.
     timeline: Mutex<Option<File>>,
+    /// `bbv=`/`drcov=`: per distinct block, its scoreboards.
+    blocks: Mutex<BlockTable<BlockScores>>,
+    /// `bbv=`: per vCPU, its `.bb` file once it wrote a line.
+    bbv_files: Mutex<Vec<Option<std::io::BufWriter<File>>>>,
+    /// `drcov=`'s file.
+    drcov: Mutex<Option<File>>,
     /// When the plugin was loaded (the timeline's time 0).
     loaded: std::time::Instant,
 }
@@ -58,6 +65,15 @@ unsafe impl Send for Plugin {}
 unsafe impl Sync for Plugin {}
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+/// A distinct block's scoreboards (`u64` per vCPU; null when not asked
+/// for): `bbv=`'s instructions in the current interval, `drcov=`'s
+/// executions.
+#[derive(Debug, Clone, Copy)]
+struct BlockScores {
+    bbv: *mut sys::qemu_plugin_scoreboard,
+    seen: *mut sys::qemu_plugin_scoreboard,
+}
 
 /// Set by whichever writes the report first (the exit callback or the
 /// `limit=` stop), so it is written once.
@@ -133,6 +149,15 @@ unsafe fn install(
         })?),
         None => None,
     };
+    let drcov_out = match &config.drcov {
+        Some(p) => Some(File::create(p).map_err(|e| {
+            format!(
+                "rustkvm plugin: bad argument 'drcov={}': cannot create it: {e}",
+                p.display()
+            )
+        })?),
+        None => None,
+    };
     let timeline = match &config.timeline {
         Some(p) => Some(File::create(p).map_err(|e| {
             format!(
@@ -154,6 +179,9 @@ unsafe fn install(
         intervals: Mutex::new(Vec::new()),
         out: Mutex::new(out),
         timeline: Mutex::new(timeline),
+        blocks: Mutex::new(BlockTable::default()),
+        bbv_files: Mutex::new(Vec::new()),
+        drcov: Mutex::new(drcov_out),
         loaded: std::time::Instant::now(),
     };
     PLUGIN
@@ -201,12 +229,16 @@ unsafe fn classify_block(arch: Arch, tb: *mut sys::qemu_plugin_tb, n: usize) -> 
 fn plant(
     score: *mut sys::qemu_plugin_scoreboard,
     config: &Config,
-    insns: u64,
-    branches: u64,
-    classes: &[u64; 6],
+    (insns, branches, classes): (u64, u64, &[u64; 6]),
+    bbv: Option<sys::qemu_plugin_u64>,
     add: &mut dyn FnMut(sys::qemu_plugin_u64, u64),
 ) {
     let c = config.counters;
+    if let Some(b) = bbv {
+        if insns > 0 {
+            add(b, insns);
+        }
+    }
     // limit= and interval= watch the instruction count: keep it then too.
     if (c.instructions || config.limit > 0 || config.interval > 0) && insns > 0 {
         add(entry(score, VcpuCounts::INSTRUCTIONS), insns);
@@ -269,6 +301,18 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     if !counted.iter().any(|&c| c) {
         return;
     }
+    let scores = (p.config.bbv.is_some() || p.config.drcov.is_some())
+        // SAFETY: tb is the block being translated, with n instructions.
+        .then(|| unsafe { block_scores(p, tb, n) })
+        .flatten();
+    let bbv = scores.filter(|s| !s.bbv.is_null()).map(|s| entry(s.bbv, 0));
+    if let Some(s) = scores.filter(|s| !s.seen.is_null()) {
+        // SAFETY: tb is being translated; the scoreboard is ours and never
+        // freed.
+        unsafe {
+            sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, entry(s.seen, 0), 1)
+        };
+    }
     let insn_add = |i: usize| {
         // SAFETY: i < the block's instruction count, during translation.
         let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
@@ -284,9 +328,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
                 plant(
                     p.score,
                     &p.config,
-                    g.insns,
-                    g.branches,
-                    &g.classes,
+                    (g.insns, g.branches, &g.classes),
+                    bbv,
                     &mut insn_add(g.start),
                 );
             }
@@ -298,9 +341,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
                 plant(
                     p.score,
                     &p.config,
-                    1,
-                    u64::from(info.branch),
-                    &classes,
+                    (1, u64::from(info.branch), &classes),
+                    bbv,
                     &mut insn_add(i),
                 );
             }
@@ -320,7 +362,13 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
             let mut add = |e, imm| unsafe {
                 sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, e, imm)
             };
-            plant(p.score, &p.config, whole.0, whole.1, &whole.2, &mut add);
+            plant(
+                p.score,
+                &p.config,
+                (whole.0, whole.1, &whole.2),
+                bbv,
+                &mut add,
+            );
         }
     }
     // SAFETY: tb is valid during translation; the scoreboard lives until
@@ -395,6 +443,83 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
         unsafe {
             sys::qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, op, entry(score, 0), 1)
         };
+    }
+}
+
+/// `bbv=`/`drcov=`: the scoreboards of the block being translated (made
+/// the first time the block is seen: crate::blocks). None if the table's
+/// lock is poisoned.
+///
+/// # Safety
+/// `tb` is the block being translated, with `n` instructions.
+unsafe fn block_scores(p: &Plugin, tb: *mut sys::qemu_plugin_tb, n: usize) -> Option<BlockScores> {
+    // SAFETY: tb is the block being translated.
+    let vaddr = unsafe { sys::qemu_plugin_tb_vaddr(tb) };
+    let bytes: usize = (0..n)
+        // SAFETY: i < n instructions of the block being translated.
+        .map(|i| unsafe { sys::qemu_plugin_insn_size(sys::qemu_plugin_tb_get_insn(tb, i)) })
+        .sum();
+    let new = |wanted: bool| {
+        if wanted {
+            // SAFETY: plain plugin API call.
+            unsafe { sys::qemu_plugin_scoreboard_new(8) }
+        } else {
+            std::ptr::null_mut()
+        }
+    };
+    // (The scoreboards are allocated under our lock, as for hot=.)
+    let mut t = p.blocks.lock().ok()?;
+    Some(
+        t.counters(BlockKey { vaddr, insns: n }, bytes as u32, || BlockScores {
+            bbv: new(p.config.bbv.is_some()),
+            seen: new(p.config.drcov.is_some()),
+        }),
+    )
+}
+
+/// `bbv=`: write vCPU `vcpu`'s line for the interval that ends now (its
+/// blocks' counts, reset), to `PATH.vcpu.bb`.
+fn write_bbv_line(p: &Plugin, vcpu: c_uint) {
+    let Some(path) = &p.config.bbv else { return };
+    let Ok(t) = p.blocks.lock() else { return };
+    let counts: Vec<(u32, u64)> = t
+        .iter()
+        .filter(|(_, b)| !b.counters.bbv.is_null())
+        .map(|(_, b)| {
+            let e = entry(b.counters.bbv, 0);
+            // SAFETY: our own scoreboard; this vCPU's slot (on its own
+            // thread, or at exit).
+            let n = unsafe { sys::qemu_plugin_u64_get(e, vcpu) };
+            if n > 0 {
+                // SAFETY: as above.
+                unsafe { sys::qemu_plugin_u64_set(e, vcpu, 0) };
+            }
+            (b.id, n)
+        })
+        .collect();
+    drop(t);
+    let Some(line) = bb_line(counts) else { return };
+    let Ok(mut files) = p.bbv_files.lock() else {
+        return;
+    };
+    let i = vcpu as usize;
+    if files.len() <= i {
+        files.resize_with(i + 1, || None);
+    }
+    if files[i].is_none() {
+        let name = format!("{}.{vcpu}.bb", path.display());
+        match File::create(&name) {
+            Ok(f) => files[i] = Some(std::io::BufWriter::new(f)),
+            Err(e) => {
+                eprintln!("rustkvm plugin: bbv: cannot create {name}: {e}");
+                return;
+            }
+        }
+    }
+    if let Some(f) = files[i].as_mut() {
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            eprintln!("rustkvm plugin: bbv: writing vCPU {vcpu}'s file: {e}");
+        }
     }
 }
 
@@ -525,6 +650,7 @@ unsafe extern "C" fn on_interval(vcpu: c_uint, _data: *mut c_void) {
             host_ns,
         });
     }
+    write_bbv_line(p, vcpu);
 }
 
 /// The report as the counters stand now.
@@ -566,6 +692,42 @@ fn write_report(p: &Plugin, report: Report) {
             }
         }
     }
+    // bbv=: each vCPU's partial last interval, then the files flushed.
+    if p.config.bbv.is_some() {
+        for v in 0..report.vcpus.len() as c_uint {
+            write_bbv_line(p, v);
+        }
+        if let Ok(mut files) = p.bbv_files.lock() {
+            for f in files.iter_mut().flatten() {
+                if let Err(e) = f.flush() {
+                    eprintln!("rustkvm plugin: bbv: {e}");
+                }
+            }
+        }
+    }
+    if let Ok(mut out) = p.drcov.lock() {
+        if let Some(f) = out.as_mut() {
+            let executed: Vec<(u64, u32)> = p
+                .blocks
+                .lock()
+                .map(|t| {
+                    t.iter()
+                        .filter(|(_, b)| {
+                            // SAFETY: our own scoreboard, never freed.
+                            !b.counters.seen.is_null()
+                                && unsafe { sys::qemu_plugin_u64_sum(entry(b.counters.seen, 0)) }
+                                    > 0
+                        })
+                        .map(|(k, b)| (k.vaddr, b.bytes))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let bytes = drcov(&executed, &module_name());
+            if let Err(e) = f.write_all(&bytes).and_then(|()| f.flush()) {
+                eprintln!("rustkvm plugin: writing the drcov file: {e}");
+            }
+        }
+    }
     if let Ok(mut t) = p.timeline.lock() {
         if let Some(f) = t.as_mut() {
             let text = report.to_timeline(p.config.interval);
@@ -576,6 +738,22 @@ fn write_report(p: &Plugin, report: Report) {
     }
     if !p.config.quiet {
         eprint!("{}", report.table());
+    }
+}
+
+/// The drcov module name: the guest binary QEMU knows of (user mode), else
+/// "guest".
+fn module_name() -> String {
+    // SAFETY: plain plugin API call; NULL or a string we must g_free.
+    let p = unsafe { sys::qemu_plugin_path_to_binary() };
+    if p.is_null() {
+        return "guest".to_string();
+    }
+    // SAFETY: non-NULL, NUL-terminated, ours to free once read.
+    unsafe {
+        let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+        g_free(p.cast_mut().cast());
+        s
     }
 }
 

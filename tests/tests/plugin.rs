@@ -593,3 +593,163 @@ fn timelines_are_trace_event_json_and_plot() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The address of `symbol` in `guest`'s image (binutils' `nm`, which does
+/// not share our code).
+fn symbol_address(arch: Arch, guest: &str, symbol: &str) -> u64 {
+    let tests = guest::discover().expect("guests");
+    let t = tests.iter().find(|t| t.name == guest).expect("guest");
+    let out = Command::new("nm")
+        .arg(t.binary(arch))
+        .output()
+        .expect("nm (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
+            (name == symbol).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("no {symbol} in {guest}"))
+}
+
+/// A drcov module: (base, end).
+type Module = (u64, u64);
+/// A drcov block: (module id, start offset, size).
+type CoveredBlock = (u16, u32, u16);
+
+/// drcov read from the format's description (DynamoRIO's drcov, version 2):
+/// text lines up to `BB Table: N bbs`, then N entries of u32 start, u16
+/// size, u16 module id. Returns (module (base, end)s, (module, start,
+/// size)s).
+fn parse_drcov(data: &[u8]) -> (Vec<Module>, Vec<CoveredBlock>) {
+    let mut pos = 0;
+    let mut line = || {
+        let end = data[pos..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .expect("a text line")
+            + pos;
+        let l = std::str::from_utf8(&data[pos..end])
+            .expect("text")
+            .to_string();
+        pos = end + 1;
+        l
+    };
+    assert_eq!(line(), "DRCOV VERSION: 2");
+    assert!(line().starts_with("DRCOV FLAVOR: "));
+    let count: usize = line()
+        .strip_prefix("Module Table: version 2, count ")
+        .expect("module table")
+        .parse()
+        .expect("count");
+    assert_eq!(line(), "Columns: id, base, end, entry, path");
+    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).expect("hex");
+    let modules: Vec<Module> = (0..count)
+        .map(|i| {
+            let l = line();
+            let f: Vec<&str> = l.splitn(5, ',').collect();
+            assert_eq!(f[0].trim().parse::<usize>().ok(), Some(i), "{l}");
+            (hex(f[1]), hex(f[2]))
+        })
+        .collect();
+    let l = line();
+    let n: usize = l
+        .strip_prefix("BB Table: ")
+        .and_then(|r| r.strip_suffix(" bbs"))
+        .expect("BB Table")
+        .parse()
+        .expect("bb count");
+    let bin = &data[pos..];
+    assert_eq!(bin.len(), 8 * n, "{n} entries of 8 bytes");
+    let bbs = bin
+        .chunks(8)
+        .map(|e| {
+            (
+                u16::from_le_bytes([e[6], e[7]]),
+                u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+                u16::from_le_bytes([e[4], e[5]]),
+            )
+        })
+        .collect();
+    (modules, bbs)
+}
+
+/// `bbv=` and `drcov=` on both architectures, one QEMU process each (two
+/// vCPUs of `plugin-counted`): every vCPU's `.bb` lines add up to its
+/// instruction count (the report's, which the other tests hold against the
+/// guest's arithmetic and QEMU's `insn`), every full interval holds at
+/// least `interval=` instructions, and IDs start at 1; the drcov file
+/// parses by the format's description, every block lies in its module, and
+/// the blocks cover the guest's counted loop (its address from `nm`).
+#[test]
+fn basic_block_vectors_add_up_and_coverage_is_drcov() {
+    const INTERVAL: u64 = 100_000;
+    for arch in [Arch::X86_64, Arch::Aarch64] {
+        let exe = qemu::emulator(arch).expect("built");
+        let dir = scratch(&format!("bbv-{arch}"));
+        let (report, bbv, cov) = (dir.join("r.json"), dir.join("bbv"), dir.join("cov.drcov"));
+        let plugins = vec![(
+            copy_of_ours(&dir, "bbv"),
+            format!(
+                "quiet=on,interval={INTERVAL},outfile={},bbv={},drcov={}",
+                report.display(),
+                bbv.display(),
+                cov.display()
+            ),
+        )];
+        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(100_000));
+        assert_eq!(
+            run.status.and_then(|s| arch.guest_status(s)),
+            Some(0),
+            "{arch}: {}",
+            run.stderr
+        );
+        let r = json(&report);
+        for v in r["vcpus"].as_array().expect("vcpus") {
+            let i = v["vcpu"].as_u64().expect("vcpu");
+            let text = std::fs::read_to_string(format!("{}.{i}.bb", bbv.display())).expect("bb");
+            let lines: Vec<u64> = text
+                .lines()
+                .map(|l| {
+                    let pairs = l.strip_prefix("T:").expect("T line");
+                    pairs
+                        .split_whitespace()
+                        .map(|p| {
+                            let (id, n) =
+                                p.trim_start_matches(':').split_once(':').expect("id:count");
+                            assert!(id.parse::<u64>().expect("id") >= 1, "{p}");
+                            n.parse::<u64>().expect("count")
+                        })
+                        .sum()
+                })
+                .collect();
+            assert_eq!(
+                lines.iter().sum::<u64>(),
+                v["instructions"].as_u64().expect("instructions"),
+                "{arch} vCPU {i}: the vectors add up to the instructions"
+            );
+            if let Some((_, full)) = lines.split_last() {
+                assert!(
+                    full.iter().all(|&n| n >= INTERVAL),
+                    "{arch} vCPU {i}: {lines:?}"
+                );
+            }
+        }
+        let (modules, bbs) = parse_drcov(&std::fs::read(&cov).expect("drcov file"));
+        assert!(!bbs.is_empty());
+        for &(m, start, size) in &bbs {
+            let (base, end) = modules[m as usize];
+            assert!(base + u64::from(start) + u64::from(size) - 1 <= end);
+        }
+        let lp = symbol_address(arch, COUNTED, COUNTED_SYMBOL);
+        assert!(
+            bbs.iter().any(|&(m, start, size)| {
+                let a = modules[m as usize].0 + u64::from(start);
+                (a..a + u64::from(size)).contains(&lp)
+            }),
+            "{arch}: no executed block covers {COUNTED_SYMBOL} at {lp:#x}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
