@@ -79,6 +79,14 @@ pub struct Config {
     pub bbv: Option<PathBuf>,
     /// `drcov=PATH`: the executed blocks in drcov format (crate::blocks).
     pub drcov: Option<PathBuf>,
+    /// `trace=PATH`: the executed-instruction trace (crate::trace).
+    pub trace: Option<PathBuf>,
+    /// `trace-start=N`: trace from each vCPU's N-th counted instruction.
+    pub trace_start: u64,
+    /// `trace-count=M`: at most M instructions per vCPU (0: no limit).
+    pub trace_count: u64,
+    /// `trace-mem=on`: also each traced instruction's memory accesses.
+    pub trace_mem: bool,
 }
 
 impl Default for Config {
@@ -102,6 +110,10 @@ impl Default for Config {
             timeline: None,
             bbv: None,
             drcov: None,
+            trace: None,
+            trace_start: 0,
+            trace_count: 0,
+            trace_mem: false,
         }
     }
 }
@@ -128,7 +140,10 @@ impl fmt::Display for ArgError {
 impl std::error::Error for ArgError {}
 
 const KEYS: &str =
-    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=, bbv=, drcov=";
+    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=, bbv=, drcov=, trace=, trace-start=, trace-count=, trace-mem=";
+const TRACE: &str = "trace=PATH (a file the plugin can create: the executed-instruction trace)";
+const TRACE_WINDOW: &str =
+    "trace-start=N and trace-count=M (instructions of each vCPU; with trace=)";
 const BBV: &str =
     "bbv=PATH (with interval=N: basic-block vectors per vCPU in PATH.N.bb, SimPoint's format)";
 const DRCOV: &str = "drcov=PATH (a file the plugin can create: executed blocks, drcov format)";
@@ -265,6 +280,15 @@ impl Config {
                     }
                     c.bbv = Some(PathBuf::from(value));
                 }
+                "trace" => {
+                    if value.is_empty() {
+                        return Err(bad(TRACE));
+                    }
+                    c.trace = Some(PathBuf::from(value));
+                }
+                "trace-start" => c.trace_start = number(value).ok_or_else(|| bad(TRACE_WINDOW))?,
+                "trace-count" => c.trace_count = number(value).ok_or_else(|| bad(TRACE_WINDOW))?,
+                "trace-mem" => c.trace_mem = boolean(value).ok_or_else(|| bad(BOOLS))?,
                 "drcov" => {
                     if value.is_empty() {
                         return Err(bad(DRCOV));
@@ -273,6 +297,12 @@ impl Config {
                 }
                 _ => return Err(bad(KEYS)),
             }
+        }
+        if c.trace.is_none() && (c.trace_start > 0 || c.trace_count > 0 || c.trace_mem) {
+            return Err(ArgError {
+                arg: "trace-start=/trace-count=/trace-mem=".to_string(),
+                accepted: TRACE,
+            });
         }
         if c.bbv.is_some() && c.interval == 0 {
             return Err(ArgError {
@@ -354,6 +384,18 @@ mod tests {
             BBV,
             "BBVs need intervals"
         );
+        let c = Config::parse([
+            "trace=/tmp/t",
+            "trace-start=1000000",
+            "trace-count=10000",
+            "trace-mem=on",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.trace_start, c.trace_count, c.trace_mem),
+            (1_000_000, 10_000, true)
+        );
+        assert!(Config::parse(["trace-count=5"]).is_err(), "needs trace=");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod classify;
 pub mod hot;
 mod qemu;
 pub mod report;
+pub mod trace;
 
 /// QEMU plugin API version this plugin speaks (QEMU 10.0 speaks version 4).
 pub const PLUGIN_API_VERSION: u32 = 4;

@@ -53,6 +53,8 @@ struct Plugin {
     bbv_files: Mutex<Vec<Option<std::io::BufWriter<File>>>>,
     /// `drcov=`'s file.
     drcov: Mutex<Option<File>>,
+    /// `trace=`: the writer and the vCPUs' buffers.
+    tracer: Option<Tracer>,
     /// When the plugin was loaded (the timeline's time 0).
     loaded: std::time::Instant,
 }
@@ -65,6 +67,88 @@ unsafe impl Send for Plugin {}
 unsafe impl Sync for Plugin {}
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+/// vCPUs `trace=` keeps a buffer for (vCPU indexes above are not traced).
+const TRACE_VCPUS: usize = 1024;
+/// A vCPU's buffer is handed to the writer at this size.
+const TRACE_CHUNK: usize = 64 * 1024;
+/// Chunks queued for the writer at most: a vCPU waits when the writer
+/// lags, so memory stays bounded (about `TRACE_QUEUE` × `TRACE_CHUNK` plus
+/// a chunk per vCPU).
+const TRACE_QUEUE: usize = 64;
+
+/// `trace=`: a writer thread streaming chunks of records to the file
+/// (crate::trace), fed by a bounded queue.
+struct Tracer {
+    queue: Mutex<Option<std::sync::mpsc::SyncSender<Vec<u8>>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<std::io::Result<()>>>>,
+    /// Instruction ids, by address and bytes.
+    ids: Mutex<std::collections::HashMap<(u64, Vec<u8>), u32>>,
+    /// Per vCPU: records not yet handed over, and whether its last
+    /// execution was traced (its memory accesses then are too).
+    vcpus: Box<[Mutex<VcpuTrace>]>,
+}
+
+/// One vCPU's part of the trace: records not yet handed to the writer, and
+/// whether its last execution was traced.
+type VcpuTrace = (Vec<u8>, bool);
+
+impl Tracer {
+    fn start(file: File) -> Tracer {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(TRACE_QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("rustkvm-trace".into())
+            .spawn(move || {
+                let mut w = std::io::BufWriter::new(file);
+                w.write_all(crate::trace::MAGIC)?;
+                for chunk in rx {
+                    w.write_all(&chunk)?;
+                }
+                w.flush()
+            })
+            .ok();
+        Tracer {
+            queue: Mutex::new(Some(tx)),
+            writer: Mutex::new(writer),
+            ids: Mutex::new(std::collections::HashMap::new()),
+            vcpus: (0..TRACE_VCPUS)
+                .map(|_| Mutex::new((Vec::new(), false)))
+                .collect(),
+        }
+    }
+
+    fn send(&self, chunk: Vec<u8>) {
+        // (Cloned out of the lock: a full queue blocks only this sender.)
+        let tx = self.queue.lock().ok().and_then(|q| q.clone());
+        if let Some(tx) = tx {
+            let _ = tx.send(chunk);
+        }
+    }
+
+    /// Hand every buffer over, close the queue, wait for the file.
+    fn finish(&self) {
+        for v in self.vcpus.iter() {
+            let chunk = v
+                .lock()
+                .map(|mut b| std::mem::take(&mut b.0))
+                .unwrap_or_default();
+            if !chunk.is_empty() {
+                self.send(chunk);
+            }
+        }
+        if let Ok(mut q) = self.queue.lock() {
+            q.take();
+        }
+        let writer = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(w) = writer {
+            match w.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("rustkvm plugin: writing the trace: {e}"),
+                Err(_) => eprintln!("rustkvm plugin: the trace writer failed"),
+            }
+        }
+    }
+}
 
 /// A distinct block's scoreboards (`u64` per vCPU; null when not asked
 /// for): `bbv=`'s instructions in the current interval, `drcov=`'s
@@ -158,6 +242,15 @@ unsafe fn install(
         })?),
         None => None,
     };
+    let tracer = match &config.trace {
+        Some(p) => Some(Tracer::start(File::create(p).map_err(|e| {
+            format!(
+                "rustkvm plugin: bad argument 'trace={}': cannot create it: {e}",
+                p.display()
+            )
+        })?)),
+        None => None,
+    };
     let timeline = match &config.timeline {
         Some(p) => Some(File::create(p).map_err(|e| {
             format!(
@@ -182,6 +275,7 @@ unsafe fn install(
         blocks: Mutex::new(BlockTable::default()),
         bbv_files: Mutex::new(Vec::new()),
         drcov: Mutex::new(drcov_out),
+        tracer,
         loaded: std::time::Instant::now(),
     };
     PLUGIN
@@ -239,8 +333,11 @@ fn plant(
             add(b, insns);
         }
     }
-    // limit= and interval= watch the instruction count: keep it then too.
-    if (c.instructions || config.limit > 0 || config.interval > 0) && insns > 0 {
+    // limit=, interval= and trace= watch the instruction count: keep it
+    // then too.
+    if (c.instructions || config.limit > 0 || config.interval > 0 || config.trace.is_some())
+        && insns > 0
+    {
         add(entry(score, VcpuCounts::INSTRUCTIONS), insns);
     }
     if config.interval > 0 && insns > 0 {
@@ -371,6 +468,41 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
             );
         }
     }
+    // trace=: each traced instruction's callback reads the vCPU's count and
+    // takes off what the count is ahead of the instruction's own index. The
+    // callbacks are registered after the counting adds, and QEMU runs an
+    // instruction's inline operations and callbacks in the order they were
+    // registered (plugin-gen's inject_cb): a group's add (mode=exact), an
+    // instruction's own (insn) and the block's (tb, at its start) are in
+    // when the callback runs. tests/tests/plugin.rs checks that the indices
+    // run consecutively in every mode.
+    if p.tracer.is_some() {
+        let mut ahead = vec![0u64; n];
+        match p.config.mode {
+            Mode::Exact => {
+                for g in groups_of(&infos, |i| counted[i]) {
+                    for k in 0..g.insns as usize {
+                        ahead[g.start + k] = g.insns - k as u64;
+                    }
+                }
+            }
+            Mode::Insn => ahead.iter_mut().for_each(|a| *a = 1),
+            Mode::Tb => {
+                let total = counted.iter().filter(|&&c| c).count() as u64;
+                let mut k = 0;
+                for (i, a) in ahead.iter_mut().enumerate() {
+                    if counted[i] {
+                        *a = total - k;
+                        k += 1;
+                    }
+                }
+            }
+        }
+        for i in (0..n).filter(|&i| counted[i]) {
+            // SAFETY: i < n, during translation.
+            unsafe { plant_trace(p, tb, i, ahead[i]) };
+        }
+    }
     // SAFETY: tb is valid during translation; the scoreboard lives until
     // exit; the callbacks are `extern "C"` functions of this plugin.
     let cond = |entry_off: usize, imm: u64, cb: sys::qemu_plugin_vcpu_udata_cb_t| unsafe {
@@ -475,6 +607,140 @@ unsafe fn block_scores(p: &Plugin, tb: *mut sys::qemu_plugin_tb, n: usize) -> Op
             seen: new(p.config.drcov.is_some()),
         }),
     )
+}
+
+/// `trace=`: the callbacks of instruction `i` of the block being
+/// translated, whose execution finds the vCPU's instruction count `ahead`
+/// past its own index; its description goes to the file the first time.
+///
+/// # Safety
+/// `tb` is the block being translated and `i` one of its instructions.
+unsafe fn plant_trace(p: &Plugin, tb: *mut sys::qemu_plugin_tb, i: usize, ahead: u64) {
+    let Some(t) = &p.tracer else { return };
+    // SAFETY: i is an instruction of the block being translated.
+    let insn = unsafe { sys::qemu_plugin_tb_get_insn(tb, i) };
+    // SAFETY: insn is valid during translation.
+    let vaddr = unsafe { sys::qemu_plugin_insn_vaddr(insn) };
+    let mut code = [0u8; 16];
+    // SAFETY: as above; QEMU copies at most code.len() bytes.
+    let len = unsafe { sys::qemu_plugin_insn_data(insn, code.as_mut_ptr().cast(), code.len()) };
+    let code = code[..len.min(16)].to_vec();
+    let id = {
+        let Ok(mut ids) = t.ids.lock() else { return };
+        let next = ids.len() as u32 + 1;
+        match ids.get(&(vaddr, code.clone())) {
+            Some(&id) => id,
+            None => {
+                ids.insert((vaddr, code.clone()), next);
+                // SAFETY: insn is valid during translation; QEMU returns
+                // NULL or a string we must g_free.
+                let d = unsafe { sys::qemu_plugin_insn_disas(insn) };
+                let disas = if d.is_null() {
+                    String::new()
+                } else {
+                    // SAFETY: non-NULL, NUL-terminated, ours to free.
+                    unsafe {
+                        let s = CStr::from_ptr(d).to_string_lossy().into_owned();
+                        g_free(d.cast());
+                        s
+                    }
+                };
+                // Sent under the ids lock: the description is queued before
+                // any vCPU can queue an execution of it.
+                t.send(crate::trace::insn_record(next, vaddr, &code, &disas));
+                next
+            }
+        }
+    };
+    let udata = std::ptr::without_provenance_mut::<c_void>(((id as usize) << 32) | ahead as usize);
+    // SAFETY: insn is valid during translation; the callback is ours and
+    // reads our scoreboard, which lives until exit.
+    unsafe {
+        sys::qemu_plugin_register_vcpu_insn_exec_cond_cb(
+            insn,
+            Some(on_trace_insn),
+            sys::qemu_plugin_cb_flags::QEMU_PLUGIN_CB_NO_REGS,
+            sys::qemu_plugin_cond::QEMU_PLUGIN_COND_GE,
+            entry(p.score, VcpuCounts::INSTRUCTIONS),
+            p.config.trace_start.saturating_add(ahead),
+            udata,
+        );
+        if p.config.trace_mem {
+            sys::qemu_plugin_register_vcpu_mem_cb(
+                insn,
+                Some(on_trace_mem),
+                sys::qemu_plugin_cb_flags::QEMU_PLUGIN_CB_NO_REGS,
+                sys::qemu_plugin_mem_rw::QEMU_PLUGIN_MEM_RW,
+                std::ptr::null_mut(),
+            );
+        }
+    }
+}
+
+/// `trace=`: an instruction runs on `vcpu` at or after `trace-start=`.
+unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
+    let Some(p) = PLUGIN.get() else { return };
+    let Some(t) = &p.tracer else { return };
+    let Some(slot) = t.vcpus.get(vcpu as usize) else {
+        return;
+    };
+    let (id, ahead) = (
+        (udata.addr() >> 32) as u32,
+        (udata.addr() & 0xffff_ffff) as u64,
+    );
+    // SAFETY: our scoreboard; this vCPU's slot, on its own thread.
+    let count = unsafe { sys::qemu_plugin_u64_get(entry(p.score, VcpuCounts::INSTRUCTIONS), vcpu) };
+    let index = count.saturating_sub(ahead);
+    let Ok(mut b) = slot.lock() else { return };
+    let c = p.config.trace_count;
+    b.1 = index >= p.config.trace_start && (c == 0 || index - p.config.trace_start < c);
+    if b.1 {
+        crate::trace::push_exec(&mut b.0, vcpu, id, index);
+        if b.0.len() >= TRACE_CHUNK {
+            let chunk = std::mem::take(&mut b.0);
+            drop(b);
+            t.send(chunk);
+        }
+    }
+}
+
+/// `trace-mem=on`: a memory access of a traced instruction.
+unsafe extern "C" fn on_trace_mem(
+    vcpu: c_uint,
+    info: sys::qemu_plugin_meminfo_t,
+    vaddr: u64,
+    _udata: *mut c_void,
+) {
+    let Some(p) = PLUGIN.get() else { return };
+    let Some(t) = &p.tracer else { return };
+    let Some(slot) = t.vcpus.get(vcpu as usize) else {
+        return;
+    };
+    let Ok(mut b) = slot.lock() else { return };
+    if !b.1 {
+        return;
+    }
+    // SAFETY: info is this callback's access.
+    let (shift, store, v) = unsafe {
+        (
+            sys::qemu_plugin_mem_size_shift(info),
+            sys::qemu_plugin_mem_is_store(info),
+            sys::qemu_plugin_mem_get_value(info),
+        )
+    };
+    use sys::qemu_plugin_mem_value_type as T;
+    // SAFETY: the union member the type names.
+    let value = unsafe {
+        match v.type_ {
+            T::QEMU_PLUGIN_MEM_VALUE_U8 => u64::from(v.data.u8_),
+            T::QEMU_PLUGIN_MEM_VALUE_U16 => u64::from(v.data.u16_),
+            T::QEMU_PLUGIN_MEM_VALUE_U32 => u64::from(v.data.u32_),
+            T::QEMU_PLUGIN_MEM_VALUE_U64 => v.data.u64_,
+            T::QEMU_PLUGIN_MEM_VALUE_U128 => v.data.u128_.low,
+        }
+    };
+    let info = (shift as u8 & 0xf) | if store { crate::trace::MEM_STORE } else { 0 };
+    crate::trace::push_mem(&mut b.0, vcpu, vaddr, info, value);
 }
 
 /// `bbv=`: write vCPU `vcpu`'s line for the interval that ends now (its
@@ -691,6 +957,9 @@ fn write_report(p: &Plugin, report: Report) {
                 eprintln!("rustkvm plugin: writing the report: {e}");
             }
         }
+    }
+    if let Some(t) = &p.tracer {
+        t.finish();
     }
     // bbv=: each vCPU's partial last interval, then the files flushed.
     if p.config.bbv.is_some() {

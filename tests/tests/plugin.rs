@@ -753,3 +753,161 @@ fn basic_block_vectors_add_up_and_coverage_is_drcov() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The newest `rustkvm-trace` (target/{debug,release}; `cargo build -p
+/// rustkvm-plugin` makes it).
+fn trace_tool() -> PathBuf {
+    let target = rustkvm_tests::repo_root().join("target");
+    ["debug", "release"]
+        .iter()
+        .map(|p| target.join(p).join("rustkvm-trace"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("rustkvm-trace built (cargo build -p rustkvm-plugin)")
+}
+
+/// `len` bytes of `elf`'s image at virtual address `vaddr`, from its
+/// program headers (ELF64, little-endian): the guest binary's own code.
+fn elf_bytes(elf: &[u8], vaddr: u64, len: usize) -> Option<Vec<u8>> {
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    (0..phnum).find_map(|i| {
+        let ph = phoff + i * phentsize;
+        let (offset, pvaddr, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
+        (vaddr >= pvaddr && vaddr + len as u64 <= pvaddr + filesz).then(|| {
+            let at = (offset + vaddr - pvaddr) as usize;
+            elf[at..at + len].to_vec()
+        })
+    })
+}
+
+/// `trace=` on both architectures, one QEMU process each (two vCPUs of
+/// `plugin-counted`, the loop selected with `symbol=`, instructions 1000 to
+/// 1199 of each vCPU, memory accesses on): per vCPU the indices run
+/// consecutively from 1000, 200 of them; every traced instruction lies in
+/// the loop and its bytes are the guest image's own at that address (x86:
+/// at an instruction boundary binutils' `objdump` gives); and the accesses
+/// are the loop's: a load and a store of the vCPU's cell per iteration,
+/// each load reading what the last store wrote, the stores growing by
+/// n, n-1, n-2, ... (the loop adds its decrementing counter).
+#[test]
+fn traces_follow_the_guests_code_and_its_stores() {
+    for arch in [Arch::X86_64, Arch::Aarch64] {
+        let exe = qemu::emulator(arch).expect("built");
+        let dir = scratch(&format!("trace-{arch}"));
+        let trace = dir.join("t.bin");
+        let plugins = vec![(
+            copy_of_ours(&dir, "trace"),
+            format!(
+                "quiet=on,symbol={COUNTED_SYMBOL},trace={},trace-start=1000,trace-count=200,trace-mem=on",
+                trace.display()
+            ),
+        )];
+        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(100_000));
+        assert_eq!(
+            run.status.and_then(|s| arch.guest_status(s)),
+            Some(0),
+            "{arch}: {}",
+            run.stderr
+        );
+        let jsonl = dir.join("t.jsonl");
+        let ok = Command::new(trace_tool())
+            .arg("--json")
+            .arg(&trace)
+            .arg(&jsonl)
+            .status()
+            .expect("rustkvm-trace");
+        assert!(ok.success());
+        let text = std::fs::read_to_string(&jsonl).expect("jsonl");
+        let tests = guest::discover().expect("guests");
+        let image = std::fs::read(
+            tests
+                .iter()
+                .find(|t| t.name == COUNTED)
+                .expect("guest")
+                .binary(arch),
+        )
+        .expect("guest image");
+        let start = symbol_address(arch, COUNTED, COUNTED_SYMBOL);
+        let boundaries: Option<Vec<u64>> = (arch == Arch::X86_64).then(|| {
+            let t = tests.iter().find(|t| t.name == COUNTED).expect("guest");
+            let out = Command::new("objdump")
+                .arg("-d")
+                .arg(format!("--disassemble={COUNTED_SYMBOL}"))
+                .arg(t.binary(arch))
+                .output()
+                .expect("objdump (binutils)");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| {
+                    let (a, _) = l.trim_start().split_once(':')?;
+                    u64::from_str_radix(a, 16).ok()
+                })
+                .collect()
+        });
+        let mut per_vcpu: std::collections::BTreeMap<u64, Vec<Value>> = Default::default();
+        for l in text.lines() {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            per_vcpu
+                .entry(v["vcpu"].as_u64().expect("vcpu"))
+                .or_default()
+                .push(v);
+        }
+        assert_eq!(per_vcpu.len(), 2, "{arch}: both vCPUs traced");
+        for (vcpu, recs) in &per_vcpu {
+            let ctx = format!("{arch} vCPU {vcpu}");
+            let idx: Vec<u64> = recs.iter().map(|r| r["index"].as_u64().unwrap()).collect();
+            assert_eq!(idx, (1000..1200).collect::<Vec<u64>>(), "{ctx}: indices");
+            let (mut cell, mut last_store, mut last_step) = (None, None::<u64>, None::<u64>);
+            for r in recs {
+                let hexv = |s: &Value| {
+                    u64::from_str_radix(s.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+                };
+                let vaddr = hexv(&r["vaddr"]);
+                let bytes: Vec<u8> = (0..r["bytes"].as_str().unwrap().len() / 2)
+                    .map(|i| {
+                        u8::from_str_radix(&r["bytes"].as_str().unwrap()[2 * i..2 * i + 2], 16)
+                            .unwrap()
+                    })
+                    .collect();
+                assert!(
+                    (start..start + 64).contains(&vaddr),
+                    "{ctx}: {vaddr:#x} outside the loop"
+                );
+                assert_eq!(
+                    elf_bytes(&image, vaddr, bytes.len()),
+                    Some(bytes.clone()),
+                    "{ctx}: {r}"
+                );
+                match &boundaries {
+                    Some(b) => assert!(
+                        b.contains(&vaddr),
+                        "{ctx}: {vaddr:#x} not an instruction start"
+                    ),
+                    None => assert_eq!(vaddr % 4, 0, "{ctx}"),
+                }
+                for m in r["mem"].as_array().expect("mem") {
+                    let (addr, value) = (hexv(&m["vaddr"]), hexv(&m["value"]));
+                    assert_eq!(m["size"], 8, "{ctx}: {m}");
+                    assert_eq!(*cell.get_or_insert(addr), addr, "{ctx}: one cell");
+                    if m["store"] == true {
+                        if let Some(prev) = last_store {
+                            let step = value.wrapping_sub(prev);
+                            if let Some(s) = last_step {
+                                assert_eq!(step, s - 1, "{ctx}: the counter decrements");
+                            }
+                            last_step = Some(step);
+                        }
+                        last_store = Some(value);
+                    } else if let Some(prev) = last_store {
+                        assert_eq!(value, prev, "{ctx}: the load reads the last store");
+                    }
+                }
+            }
+            assert!(last_step.is_some(), "{ctx}: stores traced");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
