@@ -29,14 +29,25 @@ step "cargo test --workspace --no-fail-fast"
 # Every run a runner judges (a bundled guest, a Linux boot) is logged with its
 # own verdict, so a run that SKIPped is counted as a skip, not as the pass of
 # the cargo test around it.
-verdicts="$RUSTKVM_CACHE/last-verdicts.tsv"
+# One log and one verdict file per run of this script, so that two test
+# commands at once (CI beside scripts/test-loaded.sh, say) never count each
+# other's verdicts; the last one's are linked as last-test.log and
+# last-verdicts.tsv.
+runs="$RUSTKVM_CACHE/test-runs"
+mkdir -p "$runs"
+find "$runs" -type f -mtime +7 -delete 2>/dev/null || true
+run_id="$(date +%Y%m%d-%H%M%S)-$$"
+verdicts="$runs/$run_id.verdicts.tsv"
+log="$runs/$run_id.log"
 : > "$verdicts"
+ln -sfn "$verdicts" "$RUSTKVM_CACHE/last-verdicts.tsv"
+ln -sfn "$log" "$RUSTKVM_CACHE/last-test.log"
 set +e
-RUSTKVM_VERDICT_LOG="$verdicts" cargo test --workspace --no-fail-fast 2>&1 | tee "$RUSTKVM_CACHE/last-test.log"
+RUSTKVM_VERDICT_LOG="$verdicts" cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 read -r cp cf ci < <(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { print p+0, f+0, i+0 }' \
-    "$RUSTKVM_CACHE/last-test.log")
+    "$log")
 read -r rp rf rs < <(awk -F'\t' '$1=="PASS"{p++} $1=="FAIL"{f++} $1=="SKIP"{s++} END { print p+0, f+0, s+0 }' "$verdicts")
 if [ "$rs" -gt 0 ]; then
     echo "skipped runs (each a host limit detected before the run, or declared in the guest):"
@@ -51,4 +62,4 @@ echo "cargo test functions: $cp passed, $cf failed, $ci ignored (host statistics
 # One closing line, for people and CI alike: a case is a cargo test function
 # or one run a runner judged; skips are counted apart from passes.
 echo "tests: $((cp + rp)) passed, $((cf + rf)) failed, $rs skipped"
-[ "$status" -eq 0 ] && [ "$cf" -eq 0 ] && [ "$rf" -eq 0 ] || die "tests failed (log: $RUSTKVM_CACHE/last-test.log)"
+[ "$status" -eq 0 ] && [ "$cf" -eq 0 ] && [ "$rf" -eq 0 ] || die "tests failed (log: $log)"
