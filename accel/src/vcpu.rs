@@ -1404,11 +1404,13 @@ impl hypercall::Services for HypercallServices<'_> {
         let v = self.0;
         let (real, now) = real_and_vm_ns(realtime_ns, || v.shared.virtual_ns());
         let tsc = v.lock().clock.tsc(v.shared.tsc_rate(), now);
-        let mut buf = [0u8; 64];
-        buf[0..8].copy_from_slice(&(real / 1_000_000_000).to_le_bytes());
-        buf[8..16].copy_from_slice(&(real % 1_000_000_000).to_le_bytes());
-        buf[16..24].copy_from_slice(&tsc.to_le_bytes());
-        v.shared.host.write(gpa, &buf)
+        let pairing = clock::KvmClockPairing {
+            sec: (real / 1_000_000_000) as i64,
+            nsec: (real % 1_000_000_000) as i64,
+            tsc,
+            ..Default::default()
+        };
+        v.shared.host.write(gpa, &pairing.to_bytes())
     }
 }
 

@@ -18,14 +18,31 @@ use crate::steal::{StealClock, Threading};
 
 /// `struct pvclock_vcpu_stolen_time` field offsets (64 bytes in all).
 pub mod layout {
-    /// `__le32 revision`: 0.
-    pub const REVISION: u64 = 0;
-    /// `__le32 attributes`: 0.
-    pub const ATTRIBUTES: u64 = 4;
-    /// `__le64 stolen_time`: nanoseconds stolen.
-    pub const STOLEN_TIME: u64 = 8;
+    use core::mem::{offset_of, size_of};
+    /// `struct pvclock_vcpu_stolen_time` (Documentation/virt/kvm/arm/pvtime.rst,
+    /// include/linux/arm-smccc.h's users; little-endian), 64 bytes.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct PvclockVcpuStolenTime {
+        /// 0.
+        pub revision: u32,
+        /// 0.
+        pub attributes: u32,
+        /// Nanoseconds stolen.
+        pub stolen_time: u64,
+        /// Padding to 64 bytes.
+        pub padding: [u8; 48],
+    }
+    type T = PvclockVcpuStolenTime;
+    /// `revision`.
+    pub const REVISION: u64 = offset_of!(T, revision) as u64;
+    /// `attributes`.
+    pub const ATTRIBUTES: u64 = offset_of!(T, attributes) as u64;
+    /// `stolen_time`.
+    pub const STOLEN_TIME: u64 = offset_of!(T, stolen_time) as u64;
     /// The structure's size and alignment (pvtime.rst: 64 bytes).
-    pub const SIZE: u64 = 64;
+    pub const SIZE: u64 = size_of::<T>() as u64;
+    const _: () = assert!(REVISION == 0 && ATTRIBUTES == 4 && STOLEN_TIME == 8 && SIZE == 64);
 }
 
 /// Why the machine's structure address is refused (as `kvm_arm_pvtime_set_attr`).

@@ -46,32 +46,115 @@ pub const LVT_TIMER_MODE_TSC_DEADLINE: u8 = 2;
 /// LVT timer mode field shift.
 pub const LVT_TIMER_MODE_SHIFT: u32 = 17;
 
-/// `struct pvclock_vcpu_time_info` (32 bytes) field offsets.
-pub mod pvti {
-    /// `u32 version`: odd while the host writes.
-    pub const VERSION: u64 = 0;
-    /// `u64 tsc_timestamp`.
-    pub const TSC_TIMESTAMP: u64 = 8;
-    /// `u64 system_time`: kvmclock ns at `tsc_timestamp`.
-    pub const SYSTEM_TIME: u64 = 16;
-    /// `u32 tsc_to_system_mul`.
-    pub const MUL: u64 = 24;
-    /// `s8 tsc_shift`.
-    pub const SHIFT: u64 = 28;
-    /// `u8 flags`.
-    pub const FLAGS: u64 = 29;
-    /// sizeof(struct pvclock_vcpu_time_info).
-    pub const SIZE: u64 = 32;
+/// `struct pvclock_vcpu_time_info` (arch/x86/include/asm/pvclock-abi.h),
+/// as the guest lays it out; the models write its fields at the offsets
+/// [`pvti`] takes from it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PvclockVcpuTimeInfo {
+    /// Odd while the host writes.
+    pub version: u32,
+    /// Padding.
+    pub pad0: u32,
+    /// The TSC at `system_time`.
+    pub tsc_timestamp: u64,
+    /// kvmclock ns at `tsc_timestamp`.
+    pub system_time: u64,
+    /// TSC to ns: 32.32 multiplier ...
+    pub tsc_to_system_mul: u32,
+    /// ... after this shift.
+    pub tsc_shift: i8,
+    /// PVCLOCK_TSC_STABLE_BIT and friends.
+    pub flags: u8,
+    /// Padding.
+    pub pad: [u8; 2],
 }
 
-/// `struct pvclock_wall_clock` (12 bytes) field offsets.
+/// [`PvclockVcpuTimeInfo`]'s field offsets and size.
+pub mod pvti {
+    use super::PvclockVcpuTimeInfo as T;
+    use core::mem::{offset_of, size_of};
+    /// `version`.
+    pub const VERSION: u64 = offset_of!(T, version) as u64;
+    /// `tsc_timestamp`.
+    pub const TSC_TIMESTAMP: u64 = offset_of!(T, tsc_timestamp) as u64;
+    /// `system_time`.
+    pub const SYSTEM_TIME: u64 = offset_of!(T, system_time) as u64;
+    /// `tsc_to_system_mul`.
+    pub const MUL: u64 = offset_of!(T, tsc_to_system_mul) as u64;
+    /// `tsc_shift`.
+    pub const SHIFT: u64 = offset_of!(T, tsc_shift) as u64;
+    /// `flags`.
+    pub const FLAGS: u64 = offset_of!(T, flags) as u64;
+    /// sizeof(struct pvclock_vcpu_time_info): 32.
+    pub const SIZE: u64 = size_of::<T>() as u64;
+    const _: () = assert!(
+        VERSION == 0
+            && TSC_TIMESTAMP == 8
+            && SYSTEM_TIME == 16
+            && MUL == 24
+            && SHIFT == 28
+            && FLAGS == 29
+            && SIZE == 32
+    );
+}
+
+/// `struct pvclock_wall_clock` (arch/x86/include/asm/pvclock-abi.h), 12
+/// bytes, packed as the guest lays it out.
+#[repr(C, packed(4))]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PvclockWallClock {
+    /// Odd while the host writes.
+    pub version: u32,
+    /// Seconds of the wall clock at VM time 0.
+    pub sec: u32,
+    /// Nanoseconds.
+    pub nsec: u32,
+}
+
+/// [`PvclockWallClock`]'s field offsets.
 pub mod wall {
-    /// `u32 version`.
-    pub const VERSION: u64 = 0;
-    /// `u32 sec`.
-    pub const SEC: u64 = 4;
-    /// `u32 nsec`.
-    pub const NSEC: u64 = 8;
+    use super::PvclockWallClock as T;
+    use core::mem::{offset_of, size_of};
+    /// `version`.
+    pub const VERSION: u64 = offset_of!(T, version) as u64;
+    /// `sec`.
+    pub const SEC: u64 = offset_of!(T, sec) as u64;
+    /// `nsec`.
+    pub const NSEC: u64 = offset_of!(T, nsec) as u64;
+    const _: () = assert!(VERSION == 0 && SEC == 4 && NSEC == 8 && size_of::<T>() == 12);
+}
+
+/// `struct kvm_clock_pairing` (arch/x86/include/uapi/asm/kvm_para.h): what
+/// KVM_HC_CLOCK_PAIRING writes, 64 bytes.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KvmClockPairing {
+    /// Host real time: seconds ...
+    pub sec: i64,
+    /// ... and nanoseconds ...
+    pub nsec: i64,
+    /// ... at this guest TSC.
+    pub tsc: u64,
+    /// 0.
+    pub flags: u32,
+    /// Padding to 64 bytes.
+    pub pad: [u32; 9],
+}
+
+impl KvmClockPairing {
+    /// Its bytes as the guest reads them (little-endian).
+    pub fn to_bytes(&self) -> [u8; 64] {
+        use core::mem::offset_of;
+        const _: () = assert!(core::mem::size_of::<KvmClockPairing>() == 64);
+        let mut b = [0u8; 64];
+        let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+        put(offset_of!(Self, sec), &self.sec.to_le_bytes());
+        put(offset_of!(Self, nsec), &self.nsec.to_le_bytes());
+        put(offset_of!(Self, tsc), &self.tsc.to_le_bytes());
+        put(offset_of!(Self, flags), &self.flags.to_le_bytes());
+        b
+    }
 }
 
 /// `kvm_get_time_scale`: shift and 32.32 multiplier such that

@@ -30,18 +30,42 @@ pub const KVM_STEAL_RESERVED_MASK: u64 = ((1 << KVM_STEAL_ALIGNMENT_BITS) - 1) <
 /// KVM_VCPU_PREEMPTED: bit 0 of `preempted`.
 pub const KVM_VCPU_PREEMPTED: u8 = 1 << 0;
 
-/// `struct kvm_steal_time` field offsets (64 bytes in all).
+/// `struct kvm_steal_time` (arch/x86/include/uapi/asm/kvm_para.h), as the
+/// guest lays it out in its memory; the models write its fields at the
+/// offsets [`layout`] takes from it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KvmStealTime {
+    /// Nanoseconds stolen.
+    pub steal: u64,
+    /// Odd while the host writes.
+    pub version: u32,
+    /// Flags (0).
+    pub flags: u32,
+    /// KVM_VCPU_PREEMPTED (and, with PV TLB flush, KVM_VCPU_FLUSH_TLB).
+    pub preempted: u8,
+    /// Padding.
+    pub u8_pad: [u8; 3],
+    /// Padding to 64 bytes.
+    pub pad: [u32; 11],
+}
+
+/// [`KvmStealTime`]'s field offsets and size, as guest addresses count them.
 pub mod layout {
-    /// `__u64 steal`: nanoseconds stolen.
-    pub const STEAL: u64 = 0;
-    /// `__u32 version`: odd while the host writes.
-    pub const VERSION: u64 = 8;
-    /// `__u32 flags`.
-    pub const FLAGS: u64 = 12;
-    /// `__u8 preempted`.
-    pub const PREEMPTED: u64 = 16;
-    /// sizeof(struct kvm_steal_time).
-    pub const SIZE: u64 = 64;
+    use super::KvmStealTime;
+    use core::mem::{offset_of, size_of};
+    /// `steal`.
+    pub const STEAL: u64 = offset_of!(KvmStealTime, steal) as u64;
+    /// `version`.
+    pub const VERSION: u64 = offset_of!(KvmStealTime, version) as u64;
+    /// `flags`.
+    pub const FLAGS: u64 = offset_of!(KvmStealTime, flags) as u64;
+    /// `preempted`.
+    pub const PREEMPTED: u64 = offset_of!(KvmStealTime, preempted) as u64;
+    /// sizeof(struct kvm_steal_time): 64 (the MSR's alignment).
+    pub const SIZE: u64 = size_of::<KvmStealTime>() as u64;
+    const _: () =
+        assert!(STEAL == 0 && VERSION == 8 && FLAGS == 12 && PREEMPTED == 16 && SIZE == 64);
 }
 
 /// Steal-time state of one vCPU (plain data, part of the vCPU's saved state).
