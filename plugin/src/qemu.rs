@@ -89,9 +89,10 @@ struct Tracer {
     vcpus: Box<[Mutex<VcpuTrace>]>,
 }
 
-/// One vCPU's part of the trace: records not yet handed to the writer, and
-/// whether its last execution was traced.
-type VcpuTrace = (Vec<u8>, bool);
+/// One vCPU's part of the trace: records not yet handed to the writer,
+/// whether its last execution was traced, and whether it is past its
+/// window.
+type VcpuTrace = (Vec<u8>, bool, bool);
 
 impl Tracer {
     fn start(file: File) -> Tracer {
@@ -112,7 +113,7 @@ impl Tracer {
             writer: Mutex::new(writer),
             ids: Mutex::new(std::collections::HashMap::new()),
             vcpus: (0..TRACE_VCPUS)
-                .map(|_| Mutex::new((Vec::new(), false)))
+                .map(|_| Mutex::new((Vec::new(), false, false)))
                 .collect(),
         }
     }
@@ -162,6 +163,12 @@ struct BlockScores {
 /// Set by whichever writes the report first (the exit callback or the
 /// `limit=` stop), so it is written once.
 static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// `trace=`: every vCPU has passed its `trace-count=` window, and the
+/// plugin was reset to retranslate without the trace's callbacks.
+static TRACE_DONE: AtomicBool = AtomicBool::new(false);
+/// vCPUs past their window.
+static TRACE_DONE_VCPUS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The first vCPU that reached `limit=`.
 static LIMIT_VCPU: OnceLock<c_uint> = OnceLock::new();
@@ -281,12 +288,18 @@ unsafe fn install(
     PLUGIN
         .set(plugin)
         .map_err(|_| "rustkvm plugin: already loaded from this file (copy it to load it twice)")?;
+    register_callbacks(id);
+    Ok(())
+}
+
+/// Register the translation and exit callbacks (at install, and again
+/// after `trace=`'s reset).
+fn register_callbacks(id: sys::qemu_plugin_id_t) {
     // SAFETY: registering our callbacks with the id QEMU gave us.
     unsafe {
         sys::qemu_plugin_register_vcpu_tb_trans_cb(id, Some(tb_trans));
         sys::qemu_plugin_register_atexit_cb(id, Some(at_exit), std::ptr::null_mut());
     }
-    Ok(())
 }
 
 /// Classify a block's instructions (with this thread's capstone handle).
@@ -476,7 +489,7 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
     // instruction's own (insn) and the block's (tb, at its start) are in
     // when the callback runs. tests/tests/plugin.rs checks that the indices
     // run consecutively in every mode.
-    if p.tracer.is_some() {
+    if p.tracer.is_some() && !TRACE_DONE.load(Ordering::Relaxed) {
         let mut ahead = vec![0u64; n];
         match p.config.mode {
             Mode::Exact => {
@@ -694,6 +707,21 @@ unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
     let Ok(mut b) = slot.lock() else { return };
     let c = p.config.trace_count;
     b.1 = index >= p.config.trace_start && (c == 0 || index - p.config.trace_start < c);
+    if !b.1 && c > 0 && index >= p.config.trace_start && !b.2 {
+        // Past the window. Once every vCPU is, retranslate without the
+        // trace's callbacks (they would run, and return, on every
+        // instruction to the end).
+        b.2 = true;
+        drop(b);
+        let done = TRACE_DONE_VCPUS.fetch_add(1, Ordering::SeqCst) + 1;
+        // SAFETY: plain plugin API call.
+        let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(1) as u32;
+        if done >= vcpus && !TRACE_DONE.swap(true, Ordering::SeqCst) {
+            // SAFETY: our own id, from a vCPU callback, as the API allows.
+            unsafe { sys::qemu_plugin_reset(p.id, Some(trace_finished)) };
+        }
+        return;
+    }
     if b.1 {
         crate::trace::push_exec(&mut b.0, vcpu, id, index);
         if b.0.len() >= TRACE_CHUNK {
@@ -702,6 +730,14 @@ unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
             t.send(chunk);
         }
     }
+}
+
+/// QEMU's reset callback after every vCPU passed its trace window: the code
+/// cache is flushed and our callbacks are gone; register them again (the
+/// scoreboards and tables are ours and go on; translation now plants no
+/// trace callbacks).
+unsafe extern "C" fn trace_finished(id: sys::qemu_plugin_id_t) {
+    register_callbacks(id);
 }
 
 /// `trace-mem=on`: a memory access of a traced instruction.

@@ -785,7 +785,9 @@ fn elf_bytes(elf: &[u8], vaddr: u64, len: usize) -> Option<Vec<u8>> {
 
 /// `trace=` on both architectures, one QEMU process each (two vCPUs of
 /// `plugin-counted`, the loop selected with `symbol=`, instructions 1000 to
-/// 1199 of each vCPU, memory accesses on): per vCPU the indices run
+/// 1199 of each vCPU, memory accesses on): its counts equal those of a copy
+/// that does not trace (the traced copy resets itself past the windows);
+/// per vCPU the indices run
 /// consecutively from 1000, 200 of them; every traced instruction lies in
 /// the loop and its bytes are the guest image's own at that address (x86:
 /// at an instruction boundary binutils' `objdump` gives); and the accesses
@@ -797,20 +799,42 @@ fn traces_follow_the_guests_code_and_its_stores() {
     for arch in [Arch::X86_64, Arch::Aarch64] {
         let exe = qemu::emulator(arch).expect("built");
         let dir = scratch(&format!("trace-{arch}"));
-        let trace = dir.join("t.bin");
-        let plugins = vec![(
-            copy_of_ours(&dir, "trace"),
-            format!(
-                "quiet=on,symbol={COUNTED_SYMBOL},trace={},trace-start=1000,trace-count=200,trace-mem=on",
-                trace.display()
+        let (trace, traced_report, plain_report) = (
+            dir.join("t.bin"),
+            dir.join("traced.json"),
+            dir.join("plain.json"),
+        );
+        // A second copy counts the same without tracing: once every vCPU is
+        // past its window the traced copy resets itself to drop the trace's
+        // callbacks, and must count on exactly.
+        let plugins = vec![
+            (
+                copy_of_ours(&dir, "trace"),
+                format!(
+                    "quiet=on,symbol={COUNTED_SYMBOL},outfile={},trace={},trace-start=1000,trace-count=200,trace-mem=on",
+                    traced_report.display(),
+                    trace.display()
+                ),
             ),
-        )];
+            (
+                copy_of_ours(&dir, "plain"),
+                format!(
+                    "quiet=on,symbol={COUNTED_SYMBOL},outfile={}",
+                    plain_report.display()
+                ),
+            ),
+        ];
         let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(100_000));
         assert_eq!(
             run.status.and_then(|s| arch.guest_status(s)),
             Some(0),
             "{arch}: {}",
             run.stderr
+        );
+        assert_eq!(
+            json(&traced_report)["vcpus"],
+            json(&plain_report)["vcpus"],
+            "{arch}: counts after the trace's reset"
         );
         let jsonl = dir.join("t.jsonl");
         let ok = Command::new(trace_tool())
