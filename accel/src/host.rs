@@ -15,6 +15,31 @@ pub fn parse_run_delay(text: &str) -> Option<u64> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Fill `buf` from the host's entropy (`getrandom(2)`, as KVM's TRNG takes
+/// the kernel's `get_random_long`); it blocks only until the host's pool
+/// is initialised.
+pub fn random(buf: &mut [u64; 3]) {
+    let len = std::mem::size_of_val(buf);
+    let mut done = 0;
+    while done < len {
+        // SAFETY: writes at most `len - done` bytes into `buf`, from
+        // byte `done` on.
+        let n = unsafe {
+            libc::getrandom(
+                buf.as_mut_ptr().cast::<u8>().add(done).cast(),
+                len - done,
+                0,
+            )
+        };
+        if n > 0 {
+            done += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // No entropy to give: zeros (KVM's get_random_long cannot fail).
+            return;
+        }
+    }
+}
+
 /// The calling thread's kernel thread id.
 pub fn current_tid() -> i32 {
     // SAFETY: gettid has no preconditions.

@@ -1430,6 +1430,9 @@ impl smccc::Services for SmcccServices<'_> {
         self.vcpu.enter_steal(self.state);
         Some(base)
     }
+    fn random(&mut self, buf: &mut [u64; 3]) {
+        crate::host::random(buf);
+    }
 }
 
 /// A spinning vCPU looks at the others at most this often (host ns).

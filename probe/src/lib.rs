@@ -158,6 +158,7 @@ pub fn probe(opts: &Options) -> Json {
         .set("cpus", system::online_cpus().len())
         .set("hypercall_from_user", hypercall::from_user())
         .set("clocksource", system::clocksource())
+        .set("firmware", system::firmware())
         .set("pmu_cpu_flags", system::pmu_cpu_flags())
         .set("dmesg", system::dmesg_lines())
         .set("perf", perf_report())

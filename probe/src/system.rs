@@ -92,6 +92,17 @@ pub fn clocksource() -> Json {
     o
 }
 
+/// Firmware services Linux found, by the platform devices it registered for
+/// them: `smccc_trng` (arm64: SMCCC TRNG answered, drivers/firmware/smccc).
+pub fn firmware() -> Json {
+    let mut o = Json::obj();
+    o.set(
+        "smccc_trng",
+        std::path::Path::new("/sys/bus/platform/devices/smccc_trng").exists(),
+    );
+    o
+}
+
 /// The kernel log (syslog(2) READ_ALL), or an error object.
 pub fn kernel_log() -> Result<String, std::io::Error> {
     const SYSLOG_ACTION_READ_ALL: i32 = 3;

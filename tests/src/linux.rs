@@ -824,6 +824,10 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
             "smccc",
             dmesg_with(r, "SMC Calling Convention").unwrap_or_else(|| "-".into()),
         ),
+        (
+            "smccc trng",
+            at(r, "/firmware/smccc_trng").unwrap_or_else(|| "-".into()),
+        ),
         ("perf instructions Δ", event_cell(r, "instructions")),
         ("perf branches Δ", event_cell(r, "branches")),
         ("perf cycles Δ", event_cell(r, "cycles")),

@@ -724,6 +724,10 @@ fn aarch64_linux_smccc_1_1_pv_time_and_an_exact_pmuv3_under_rustkvm() {
         "{}",
         k["dmesg"]
     );
+    // SMCCC TRNG: Linux registers its platform device where TRNG_VERSION
+    // answers (KVM's default), not under plain TCG.
+    assert_eq!(k.pointer("/firmware/smccc_trng"), Some(&Value::Bool(true)));
+    assert_eq!(t.pointer("/firmware/smccc_trng"), Some(&Value::Bool(false)));
     assert_eq!(
         without_pv_and_pmu(k),
         without_pv_and_pmu(t),

@@ -5,7 +5,8 @@
 //! `arch/arm64/kvm/hypercalls.c` (`kvm_smccc_call_handler`),
 //! `arch/arm64/kvm/psci.c` (PSCI_FEATURES lists SMCCC_VERSION). Everything
 //! else (PSCI) is left to QEMU's PSCI implementation, which answers unknown
-//! function IDs with NOT_SUPPORTED, like `kvm_psci_call`.
+//! function IDs with NOT_SUPPORTED, like `kvm_psci_call`. TRNG 1.0: Arm
+//! DEN0098, `arch/arm64/kvm/trng.c`.
 
 /// SMCCC_VERSION (SMC32 fast, arch owner, function 0).
 pub const SMCCC_VERSION: u32 = 0x8000_0000;
@@ -27,6 +28,24 @@ pub const PV_TIME_ST: u32 = 0xc500_0021;
 pub const VENDOR_HYP_CALL_UID: u32 = 0x8600_ff01;
 /// ARM_SMCCC_VENDOR_HYP_KVM_FEATURES_FUNC_ID.
 pub const VENDOR_HYP_KVM_FEATURES: u32 = 0x8600_0000;
+
+/// ARM_SMCCC_TRNG_VERSION (SMC32 fast, standard secure owner, 0x50).
+pub const TRNG_VERSION: u32 = 0x8400_0050;
+/// ARM_SMCCC_TRNG_FEATURES.
+pub const TRNG_FEATURES: u32 = 0x8400_0051;
+/// ARM_SMCCC_TRNG_GET_UUID.
+pub const TRNG_GET_UUID: u32 = 0x8400_0052;
+/// ARM_SMCCC_TRNG_RND32 (up to 96 bits in w1..w3).
+pub const TRNG_RND32: u32 = 0x8400_0053;
+/// ARM_SMCCC_TRNG_RND64 (SMC64: up to 192 bits in x1..x3).
+pub const TRNG_RND64: u32 = 0xc400_0053;
+/// ARM_SMCCC_TRNG_VERSION_1_0.
+pub const TRNG_VERSION_1_0: u64 = 0x1_0000;
+/// TRNG_INVALID_PARAMETER (-2; TRNG's own codes, trng.c).
+pub const TRNG_INVALID_PARAMETER: u64 = -2i64 as u64;
+/// KVM's TRNG UUID 0d21e000-4384-11eb-8070-524455 4e5a4c, as the four
+/// little-endian words GET_UUID returns in x0..x3 (trng.c).
+pub const TRNG_UUID: [u64; 4] = [0x00e0_210d, 0xeb11_8443, 0x4452_7080, 0x4c5a_4e55];
 
 /// ARM_SMCCC_VERSION_1_1.
 pub const SMCCC_VERSION_1_1: u64 = 0x1_0001;
@@ -63,6 +82,19 @@ pub enum Call {
     VendorUid,
     /// The KVM vendor feature bitmap.
     VendorFeatures,
+    /// TRNG_VERSION.
+    TrngVersion,
+    /// TRNG_FEATURES of a function ID.
+    TrngFeatures(u32),
+    /// TRNG_GET_UUID.
+    TrngUuid,
+    /// TRNG_RND32/RND64 for `bits` bits (`wide`: RND64).
+    TrngRnd {
+        /// Bits asked for (W1).
+        bits: u32,
+        /// RND64.
+        wide: bool,
+    },
 }
 
 impl Call {
@@ -80,6 +112,17 @@ impl Call {
             PV_TIME_ST => Call::PvTimeSt,
             VENDOR_HYP_CALL_UID => Call::VendorUid,
             VENDOR_HYP_KVM_FEATURES => Call::VendorFeatures,
+            TRNG_VERSION => Call::TrngVersion,
+            TRNG_FEATURES => Call::TrngFeatures(arg),
+            TRNG_GET_UUID => Call::TrngUuid,
+            TRNG_RND32 => Call::TrngRnd {
+                bits: arg,
+                wide: false,
+            },
+            TRNG_RND64 => Call::TrngRnd {
+                bits: arg,
+                wide: true,
+            },
             _ => return None,
         })
     }
@@ -91,6 +134,8 @@ pub trait Services {
     fn pv_time_available(&self) -> bool;
     /// PV_TIME_ST: set the structure up; its IPA, or None.
     fn pv_time_init(&mut self) -> Option<u64>;
+    /// TRNG: fill `buf` from the host's entropy (KVM: `get_random_long`).
+    fn random(&mut self, buf: &mut [u64; 3]);
 }
 
 /// Answer a decoded call: x0..x3 (KVM zeroes x1..x3 unless it returns them).
@@ -106,8 +151,42 @@ pub fn handle(call: Call, svc: &mut dyn Services) -> [u64; 4] {
         Call::PvTimeSt => svc.pv_time_init().unwrap_or(RET_NOT_SUPPORTED),
         Call::VendorUid => return KVM_UID,
         Call::VendorFeatures => 1 << KVM_FUNC_FEATURES,
+        Call::TrngVersion => TRNG_VERSION_1_0,
+        Call::TrngFeatures(
+            TRNG_VERSION | TRNG_FEATURES | TRNG_GET_UUID | TRNG_RND32 | TRNG_RND64,
+        ) => RET_SUCCESS,
+        Call::TrngFeatures(_) => RET_NOT_SUPPORTED,
+        Call::TrngUuid => return TRNG_UUID,
+        Call::TrngRnd { bits, wide } => return trng_rnd(bits, wide, svc),
     };
     [x0, 0, 0, 0]
+}
+
+/// TRNG_RND32/RND64 as `kvm_trng_do_rnd`: at most 96/192 bits, else
+/// INVALID_PARAMETER; `bits` random bits, the rest cleared; RND64 returns
+/// them in x1 (most significant), x2, x3, RND32 in w1..w3.
+fn trng_rnd(bits: u32, wide: bool, svc: &mut dyn Services) -> [u64; 4] {
+    let size = if wide { 64 } else { 32 };
+    if bits > 3 * size {
+        return [TRNG_INVALID_PARAMETER, 0, 0, 0];
+    }
+    let mut r = [0u64; 3];
+    svc.random(&mut r);
+    // bits[i] as KVM's bitmap: word 0 holds bits 0..63.
+    for (i, w) in r.iter_mut().enumerate() {
+        let from = 64 * i as u32;
+        *w = match bits.saturating_sub(from) {
+            0 => 0,
+            n if n >= 64 => *w,
+            n => *w & ((1u64 << n) - 1),
+        };
+    }
+    let lo = |v: u64| v & 0xffff_ffff;
+    if wide {
+        [RET_SUCCESS, r[2], r[1], r[0]]
+    } else {
+        [RET_SUCCESS, lo(r[1]), r[0] >> 32, lo(r[0])]
+    }
 }
 
 /// SMCCC_ARCH_FEATURES: KVM's answers. The emulated CPU does not speculate,
@@ -137,6 +216,54 @@ mod tests {
             self.1 += 1;
             self.0
         }
+        fn random(&mut self, buf: &mut [u64; 3]) {
+            *buf = [u64::MAX; 3];
+        }
+    }
+
+    #[test]
+    fn trng_answers_as_kvms_trng_c() {
+        let mut s = Svc(None, 0);
+        assert_eq!(call(0x8400_0050, 0, &mut s), Some([0x1_0000, 0, 0, 0]));
+        for f in [
+            0x8400_0050,
+            0x8400_0051,
+            0x8400_0052,
+            0x8400_0053,
+            0xc400_0053,
+        ] {
+            assert_eq!(call(0x8400_0051, f, &mut s), Some([0; 4]), "{f:#x}");
+        }
+        assert_eq!(
+            call(0x8400_0051, 0x8400_0054, &mut s).unwrap()[0],
+            RET_NOT_SUPPORTED
+        );
+        assert_eq!(call(0x8400_0052, 0, &mut s), Some(TRNG_UUID));
+        // (The host's entropy here: all ones, so the masks show.)
+        assert_eq!(call(0xc400_0053, 192, &mut s), Some([0, !0, !0, !0]));
+        assert_eq!(call(0xc400_0053, 65, &mut s), Some([0, 0, 1, !0]));
+        assert_eq!(call(0xc400_0053, 0, &mut s), Some([0; 4]));
+        assert_eq!(
+            call(0xc400_0053, 193, &mut s),
+            Some([TRNG_INVALID_PARAMETER, 0, 0, 0])
+        );
+        assert_eq!(
+            call(0xc400_0053, 0xffff_ffff_0000_0001, &mut s),
+            Some([0, 0, 0, 1]),
+            "W1: the upper half is ignored"
+        );
+        assert_eq!(
+            call(0x8400_0053, 96, &mut s),
+            Some([0, 0xffff_ffff, 0xffff_ffff, 0xffff_ffff])
+        );
+        assert_eq!(
+            call(0x8400_0053, 40, &mut s),
+            Some([0, 0, 0xff, 0xffff_ffff])
+        );
+        assert_eq!(
+            call(0x8400_0053, 97, &mut s),
+            Some([TRNG_INVALID_PARAMETER, 0, 0, 0])
+        );
     }
 
     fn call(x0: u64, x1: u64, svc: &mut Svc) -> Option<[u64; 4]> {
