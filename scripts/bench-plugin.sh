@@ -25,14 +25,7 @@ cargo build --release --quiet -p rustkvm-plugin || die "building the plugin fail
 qemu=$(bash scripts/qemu-path "$arch")
 insn="$(dirname "$qemu")/tests/tcg/plugins/libinsn.so"
 ours="$RUSTKVM_ROOT/target/release/librustkvm_plugin.so"
-case "$arch" in
-    # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
-    x86_64) target=x86_64-unknown-none pass=1
-        machine=(-M pc -device isa-debug-exit,iobase=0xf4,iosize=4) ;;
-    aarch64) target=aarch64-unknown-none pass=0
-        machine=(-M virt -cpu max -semihosting-config enable=on,target=native) ;;
-    *) die "arch: x86_64 or aarch64" ;;
-esac
+bench_bare_machine "$arch"
 kernel="$RUSTKVM_ROOT/tests/guests/target/$target/release/plugin-workload"
 bench_one() {
     local plugin=() report="$BENCH_DIR/plugin.json" n

@@ -27,13 +27,7 @@ cargo build --release --quiet -p rustkvm-plugin || die "building the plugin fail
 qemu=$(bash scripts/qemu-path "$arch")
 ours="$RUSTKVM_ROOT/target/release/librustkvm_plugin.so"
 tool="$RUSTKVM_ROOT/target/release/rustkvm-trace"
-case "$arch" in
-    x86_64) target=x86_64-unknown-none pass=1
-        machine=(-M pc -device isa-debug-exit,iobase=0xf4,iosize=4) ;;
-    aarch64) target=aarch64-unknown-none pass=0
-        machine=(-M virt -cpu max -semihosting-config enable=on,target=native) ;;
-    *) die "arch: x86_64 or aarch64" ;;
-esac
+bench_bare_machine "$arch"
 kernel="$RUSTKVM_ROOT/tests/guests/target/$target/release/plugin-counted"
 bench_one() {
     local report="$BENCH_DIR/plugin.json" trace="$BENCH_DIR/trace.bin" n traced bytes args

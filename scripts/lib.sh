@@ -103,6 +103,21 @@ bench_prepare_guests() {
         || die "building rustkvm-run failed"
 }
 
+# bench_bare_machine ARCH: how a bundled bare guest boots on ARCH (as
+# tests/src/qemu.rs boots it): sets `target` (its Rust target), `pass` (the
+# exit status of a guest that passed: x86 isa-debug-exit's (0 << 1) | 1,
+# arm64 semihosting's 0) and the array `machine` (QEMU's machine
+# arguments).
+bench_bare_machine() {
+    case "$1" in
+        x86_64) target=x86_64-unknown-none pass=1
+            machine=(-M pc -device isa-debug-exit,iobase=0xf4,iosize=4) ;;
+        aarch64) target=aarch64-unknown-none pass=0
+            machine=(-M virt -cpu max -semihosting-config enable=on,target=native) ;;
+        *) die "arch: x86_64 or aarch64" ;;
+    esac
+}
+
 # The Linux kernel and initramfs (scripts/build-linux-guests.sh), copied
 # beside the emulators' copy (after bench_prepare_qemu).
 bench_prepare_linux() { # arch

@@ -231,42 +231,24 @@ unsafe fn install(
         format!("rustkvm plugin: target '{target}' is not supported (x86_64, i386, aarch64)")
     })?;
     Classifier::new(arch).ok_or("rustkvm plugin: capstone cannot decode this target")?;
-    let out = match &config.outfile {
-        Some(p) => Some(File::create(p).map_err(|e| {
-            format!(
-                "rustkvm plugin: bad argument 'outfile={}': cannot create it: {e}",
-                p.display()
-            )
-        })?),
-        None => None,
+    // Every output file is created now, so that a bad path is refused at
+    // load with the argument named.
+    let create = |key: &str, path: &Option<std::path::PathBuf>| -> Result<Option<File>, String> {
+        path.as_ref()
+            .map(|p| {
+                File::create(p).map_err(|e| {
+                    format!(
+                        "rustkvm plugin: bad argument '{key}={}': cannot create it: {e}",
+                        p.display()
+                    )
+                })
+            })
+            .transpose()
     };
-    let drcov_out = match &config.drcov {
-        Some(p) => Some(File::create(p).map_err(|e| {
-            format!(
-                "rustkvm plugin: bad argument 'drcov={}': cannot create it: {e}",
-                p.display()
-            )
-        })?),
-        None => None,
-    };
-    let tracer = match &config.trace {
-        Some(p) => Some(Tracer::start(File::create(p).map_err(|e| {
-            format!(
-                "rustkvm plugin: bad argument 'trace={}': cannot create it: {e}",
-                p.display()
-            )
-        })?)),
-        None => None,
-    };
-    let timeline = match &config.timeline {
-        Some(p) => Some(File::create(p).map_err(|e| {
-            format!(
-                "rustkvm plugin: bad argument 'timeline={}': cannot create it: {e}",
-                p.display()
-            )
-        })?),
-        None => None,
-    };
+    let out = create("outfile", &config.outfile)?;
+    let drcov_out = create("drcov", &config.drcov)?;
+    let tracer = create("trace", &config.trace)?.map(Tracer::start);
+    let timeline = create("timeline", &config.timeline)?;
     // SAFETY: plain plugin API call.
     let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
     let plugin = Plugin {
@@ -645,19 +627,8 @@ unsafe fn plant_trace(p: &Plugin, tb: *mut sys::qemu_plugin_tb, i: usize, ahead:
             Some(&id) => id,
             None => {
                 ids.insert((vaddr, code.clone()), next);
-                // SAFETY: insn is valid during translation; QEMU returns
-                // NULL or a string we must g_free.
-                let d = unsafe { sys::qemu_plugin_insn_disas(insn) };
-                let disas = if d.is_null() {
-                    String::new()
-                } else {
-                    // SAFETY: non-NULL, NUL-terminated, ours to free.
-                    unsafe {
-                        let s = CStr::from_ptr(d).to_string_lossy().into_owned();
-                        g_free(d.cast());
-                        s
-                    }
-                };
+                // SAFETY: insn is valid during translation.
+                let disas = unsafe { insn_disas(insn) };
                 // Sent under the ids lock: the description is queued before
                 // any vCPU can queue an execution of it.
                 t.send(crate::trace::insn_record(next, vaddr, &code, &disas));
@@ -846,18 +817,8 @@ unsafe fn describe_block(
             .to_string_lossy()
             .into_owned()
     };
-    // SAFETY: as above; QEMU returns NULL or a string we must g_free.
-    let d = unsafe { sys::qemu_plugin_insn_disas(first) };
-    let disas = if d.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-NULL, NUL-terminated, ours to free once read.
-        unsafe {
-            let s = CStr::from_ptr(d).to_string_lossy().into_owned();
-            g_free(d.cast());
-            s
-        }
-    };
+    // SAFETY: as above.
+    let disas = unsafe { insn_disas(first) };
     BlockInfo {
         // SAFETY: plain plugin API call.
         counter: unsafe { sys::qemu_plugin_scoreboard_new(8) },
@@ -1043,6 +1004,25 @@ fn write_report(p: &Plugin, report: Report) {
     }
     if !p.config.quiet {
         eprint!("{}", report.table());
+    }
+}
+
+/// QEMU's disassembly of `insn` ("" if none).
+///
+/// # Safety
+/// `insn` is an instruction of the block being translated.
+unsafe fn insn_disas(insn: *mut sys::qemu_plugin_insn) -> String {
+    // SAFETY: insn is valid during translation; QEMU returns NULL or a
+    // string we must g_free.
+    let d = unsafe { sys::qemu_plugin_insn_disas(insn) };
+    if d.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-NULL, NUL-terminated, ours to free once read.
+    unsafe {
+        let s = CStr::from_ptr(d).to_string_lossy().into_owned();
+        g_free(d.cast());
+        s
     }
 }
 

@@ -121,7 +121,8 @@ pub struct Report {
     pub stopped_at_limit: Option<u32>,
 }
 
-fn json_str(s: &str) -> String {
+/// `s` as a JSON string literal.
+pub(crate) fn json_str(s: &str) -> String {
     let mut out = String::from("\"");
     for ch in s.chars() {
         match ch {

@@ -20,6 +20,8 @@
 use std::fmt::Write as _;
 use std::io::{self, Read};
 
+use crate::report::json_str;
+
 /// The file's first bytes.
 pub const MAGIC: &[u8; 8] = b"RKVMTRC1";
 /// Record type: an instruction's description.
@@ -189,22 +191,6 @@ fn hex(code: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Convert a whole trace to `out` in `format`.

@@ -122,6 +122,21 @@ fn iterations(n: u64) -> Vec<String> {
     ]
 }
 
+/// `plugin-counted` on two vCPUs with `n` iterations and `plugins`; the
+/// guest must pass.
+fn counted_passes(exe: &Path, arch: Arch, plugins: &[(PathBuf, String)], n: u64) -> Run {
+    let run = boot(exe, arch, COUNTED, 2, plugins, &iterations(n));
+    assert_eq!(
+        run.status.and_then(|s| arch.guest_status(s)),
+        Some(0),
+        "{} {arch}: the guest failed (status {:?})\n{}",
+        exe.display(),
+        run.status,
+        run.stderr
+    );
+    run
+}
+
 fn json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
@@ -214,15 +229,8 @@ fn exact_everywhere(exe: &Path, arch: Arch) {
         ),
         (libinsn(), "inline=on".into()),
     ];
-    let run = boot(exe, arch, COUNTED, 2, &plugins, &iterations(n));
+    let run = counted_passes(exe, arch, &plugins, n);
     let label = format!("{} {arch}", exe.display());
-    assert_eq!(
-        run.status.and_then(|s| arch.guest_status(s)),
-        Some(0),
-        "{label}: the guest failed (status {:?})\n{}",
-        run.status,
-        run.stderr
-    );
     let (e, i, l) = (json(&exact), json(&per_insn), json(&looped));
     // The guest's arithmetic: vCPU 0 runs WARMUP + n iterations, vCPU 1
     // WARMUP + 2n, in two calls each.
@@ -508,13 +516,7 @@ fn timelines_are_trace_event_json_and_plot() {
                 timeline.display()
             ),
         )];
-        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(200_000));
-        assert_eq!(
-            run.status.and_then(|s| arch.guest_status(s)),
-            Some(0),
-            "{arch}: {}",
-            run.stderr
-        );
+        counted_passes(&exe, arch, &plugins, 200_000);
         let t = json(&timeline);
         let events = t["traceEvents"].as_array().expect("traceEvents");
         let mut last_at: std::collections::BTreeMap<u64, (u64, u64, f64)> = Default::default();
@@ -698,13 +700,7 @@ fn basic_block_vectors_add_up_and_coverage_is_drcov() {
                 cov.display()
             ),
         )];
-        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(100_000));
-        assert_eq!(
-            run.status.and_then(|s| arch.guest_status(s)),
-            Some(0),
-            "{arch}: {}",
-            run.stderr
-        );
+        counted_passes(&exe, arch, &plugins, 100_000);
         let r = json(&report);
         for v in r["vcpus"].as_array().expect("vcpus") {
             let i = v["vcpu"].as_u64().expect("vcpu");
@@ -824,13 +820,7 @@ fn traces_follow_the_guests_code_and_its_stores() {
                 ),
             ),
         ];
-        let run = boot(&exe, arch, COUNTED, 2, &plugins, &iterations(100_000));
-        assert_eq!(
-            run.status.and_then(|s| arch.guest_status(s)),
-            Some(0),
-            "{arch}: {}",
-            run.stderr
-        );
+        counted_passes(&exe, arch, &plugins, 100_000);
         assert_eq!(
             json(&traced_report)["vcpus"],
             json(&plain_report)["vcpus"],
