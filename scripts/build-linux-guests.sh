@@ -73,16 +73,17 @@ build_arch() {
     local key
     key=$( { basename "$bdeb"; sha256sum < "$probe"; sha256sum < "$RUSTKVM_ROOT/tests/linux/init"; } | sha256sum | cut -d' ' -f1)
     if [ ! -f "$out/initramfs.cpio.gz" ] || [ "$(cat "$out/initramfs.key" 2>/dev/null)" != "$key" ]; then
-        local root="$out/root"
+        # (Per process: two test commands at once may both rebuild it.)
+        local root="$out/root.$$"
         rm -rf "$root" && mkdir -p "$root"/{bin,proc,sys,dev,tmp}
         dpkg-deb --fsys-tarfile "$bdeb" | tar -x -O ./bin/busybox > "$root/bin/busybox" \
             || die "cannot unpack busybox from $bdeb"
         chmod 755 "$root/bin/busybox"
         install -m 755 "$RUSTKVM_ROOT/tests/linux/init" "$root/init"
         install -m 755 "$probe" "$root/rustkvm-probe"
-        (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -9n) > "$out/initramfs.cpio.gz.new" \
+        (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -9n) > "$out/initramfs.cpio.gz.new.$$" \
             || die "cpio failed"
-        mv "$out/initramfs.cpio.gz.new" "$out/initramfs.cpio.gz"
+        mv "$out/initramfs.cpio.gz.new.$$" "$out/initramfs.cpio.gz"
         rm -rf "$root"
         echo "$key" > "$out/initramfs.key"
     fi

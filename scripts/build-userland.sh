@@ -64,8 +64,8 @@ rm -rf "$root"/usr/share/{doc,man,info,locale} "$root"/var/cache/apt "$root"/var
 mkdir -p "$root"/{proc,sys,dev,tmp,root}
 install -m 755 "$init" "$root/init"
 install -m 755 "$probe" "$root/rustkvm-probe"
-(cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1n) > "$out.new" \
+(cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1n) > "$out.new.$$" \
     || die "cpio failed"
-mv "$out.new" "$out"
+mv "$out.new.$$" "$out"
 ok "$out ($(du -h "$out" | cut -f1), unpacked $(du -sh "$root" | cut -f1))"
 echo "$out"

@@ -107,6 +107,9 @@ fn dpkg_installed(pkg: &str) -> bool {
 
 fn apt(args: &[&str]) {
     let out = Command::new("apt-get")
+        // Another apt (another test command's deps.sh, say) may hold dpkg's
+        // lock for a while: wait for it rather than fail.
+        .args(["-o", "DPkg::Lock::Timeout=600"])
         .args(args)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .output()
@@ -119,8 +122,20 @@ fn apt(args: &[&str]) {
     );
 }
 
+/// Held while the package test has `rustkvm` installed: two test commands
+/// on one machine (CI beside `scripts/test-loaded.sh`) take turns.
+fn package_test_lock() -> std::fs::File {
+    let path = rustkvm_tests::linux::cache_dir().join("package-test.lock");
+    let f = std::fs::File::create(&path).expect("the package test's lock file");
+    // SAFETY: flock on a descriptor we own; it blocks until we hold it.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock {}", path.display());
+    f
+}
+
 #[test]
 fn the_debian_package_installs_beside_debians_qemu_runs_and_removes_cleanly() {
+    let _turn = package_test_lock();
     assert!(
         !dpkg_installed("rustkvm"),
         "a rustkvm package is installed already: remove it (apt-get remove rustkvm) to run this test"
