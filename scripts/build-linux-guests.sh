@@ -5,7 +5,12 @@
 # only when an input changes:
 #   linux/debs/                     the downloaded .debs (first fetched stays)
 #   linux/<arch>/vmlinuz            the kernel
-#   linux/<arch>/initramfs.cpio.gz  busybox + /init + /rustkvm-probe
+#   linux/<arch>/initramfs-KEY.cpio.gz  busybox + /init + /rustkvm-probe, KEY
+#                                   from those inputs: clones at other commits
+#                                   (two test commands at once) keep their own
+#   linux/<arch>/initramfs.cpio.gz  a link to the last one built
+# and, in the clone, target/linux-images/<arch>.initrd: the path of this
+# clone's initramfs, which the runners read (tests/src/linux.rs).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -72,7 +77,8 @@ build_arch() {
     step "$arch: initramfs"
     local key
     key=$( { basename "$bdeb"; sha256sum < "$probe"; sha256sum < "$RUSTKVM_ROOT/tests/linux/init"; } | sha256sum | cut -d' ' -f1)
-    if [ ! -f "$out/initramfs.cpio.gz" ] || [ "$(cat "$out/initramfs.key" 2>/dev/null)" != "$key" ]; then
+    local initrd="$out/initramfs-${key:0:16}.cpio.gz"
+    if [ ! -f "$initrd" ]; then
         # (Per process: two test commands at once may both rebuild it.)
         local root="$out/root.$$"
         rm -rf "$root" && mkdir -p "$root"/{bin,proc,sys,dev,tmp}
@@ -81,13 +87,15 @@ build_arch() {
         chmod 755 "$root/bin/busybox"
         install -m 755 "$RUSTKVM_ROOT/tests/linux/init" "$root/init"
         install -m 755 "$probe" "$root/rustkvm-probe"
-        (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -9n) > "$out/initramfs.cpio.gz.new.$$" \
+        (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -9n) > "$initrd.new.$$" \
             || die "cpio failed"
-        mv "$out/initramfs.cpio.gz.new.$$" "$out/initramfs.cpio.gz"
+        mv "$initrd.new.$$" "$initrd"
         rm -rf "$root"
-        echo "$key" > "$out/initramfs.key"
     fi
-    ok "$out/vmlinuz, $out/initramfs.cpio.gz"
+    ln -sfn "$(basename "$initrd")" "$out/initramfs.cpio.gz.$$" && mv -T "$out/initramfs.cpio.gz.$$" "$out/initramfs.cpio.gz"
+    mkdir -p "$RUSTKVM_ROOT/target/linux-images"
+    echo "$initrd" > "$RUSTKVM_ROOT/target/linux-images/$arch.initrd"
+    ok "$out/vmlinuz, $initrd"
 }
 
 # One architecture failing (a download, say) does not stop the other; the

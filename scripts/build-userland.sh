@@ -22,10 +22,10 @@ case "$arch" in
     aarch64) debarch=arm64; rust=aarch64-unknown-linux-musl ;;
     *) die "unknown architecture $arch (x86_64 or aarch64)" ;;
 esac
-base="$RUSTKVM_CACHE/linux/$arch/initramfs.cpio.gz"
 if [ $# -eq 0 ]; then
-    # (Rebuilds it only when /init or the probe changed.)
+    # This clone's (rebuilt only when /init or the probe changed).
     bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh" >&2 || die "scripts/build-linux-guests.sh failed"
+    base=$(cat "$RUSTKVM_ROOT/target/linux-images/$arch.initrd")
     echo "$base"
     exit 0
 fi

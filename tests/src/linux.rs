@@ -249,9 +249,22 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/rustkvm"))
 }
 
-/// Kernel and initramfs for `arch`.
+/// Kernel and initramfs for `arch`: the initramfs this clone's
+/// `scripts/build-linux-guests.sh` built (its path in
+/// `target/linux-images/ARCH.initrd`; the cache keeps one per probe and
+/// `/init`, so clones at other commits do not swap each other's), else the
+/// cache's last one.
 pub fn images(arch: Arch) -> Result<(PathBuf, PathBuf), HarnessError> {
-    images_in(&cache_dir(), arch)
+    let (kernel, last) = images_in(&cache_dir(), arch)?;
+    let ours = crate::repo_root()
+        .join("target/linux-images")
+        .join(format!("{}.initrd", arch.name()));
+    let initrd = std::fs::read_to_string(ours)
+        .ok()
+        .map(|p| PathBuf::from(p.trim()))
+        .filter(|p| p.exists())
+        .unwrap_or(last);
+    Ok((kernel, initrd))
 }
 
 /// Kernel and initramfs for `arch` under the cache directory `cache`.
