@@ -19,13 +19,9 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 rounds=${1:-5}
 arch=${2:-x86_64}
-bench_prepare_guests
+bench_prepare_plugin "$arch"
 cd "$RUSTKVM_ROOT"
-cargo build --release --quiet -p rustkvm-plugin || die "building the plugin failed"
-qemu=$(bash scripts/qemu-path "$arch")
 insn="$(dirname "$qemu")/tests/tcg/plugins/libinsn.so"
-ours="$RUSTKVM_ROOT/target/release/librustkvm_plugin.so"
-bench_bare_machine "$arch"
 kernel="$RUSTKVM_ROOT/tests/guests/target/$target/release/plugin-workload"
 bench_one() {
     local plugin=() report="$BENCH_DIR/plugin.json" n

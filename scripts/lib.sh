@@ -118,6 +118,18 @@ bench_bare_machine() {
     esac
 }
 
+# bench_prepare_plugin ARCH: the guests (bench_prepare_guests) and
+# rustkvm's plugin (release build); sets `qemu` (ARCH's emulator, the
+# benchmark's copy), `ours` (the plugin) and bench_bare_machine's variables.
+bench_prepare_plugin() {
+    bench_prepare_guests
+    (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-plugin) \
+        || die "building the plugin failed"
+    qemu=$(bash "$RUSTKVM_ROOT/scripts/qemu-path" "$1")
+    ours="$RUSTKVM_ROOT/target/release/librustkvm_plugin.so"
+    bench_bare_machine "$1"
+}
+
 # The Linux kernel and initramfs (scripts/build-linux-guests.sh), copied
 # beside the emulators' copy (after bench_prepare_qemu).
 bench_prepare_linux() { # arch
