@@ -7,7 +7,9 @@
 //!
 //! Layering:
 //! - [`vm`]: the machine ([`vm::Vm`]) and its registry of vCPUs.
-//! - [`vcpu`]: one vCPU's state and the routing points QEMU calls on it.
+//! - [`vcpu`]: one vCPU's core (steal accounting, exit requests, route
+//!   counts); its architecture's state and routing points are
+//!   [`x86::vcpu`] and [`arm::vcpu`].
 //! - [`ffi`]: `extern "C"` entry points; no panic crosses them.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -25,5 +27,5 @@ pub mod vm;
 pub mod x86;
 
 pub use error::AccelError;
-pub use vcpu::{Route, RouteCounts, Vcpu, VcpuState};
+pub use vcpu::{Route, RouteCounts, Vcpu};
 pub use vm::{Arch, Vm, VmConfig};

@@ -13,6 +13,8 @@
 //!   ticks: the sampler ends long turns (`vm::Sampler::tick`,
 //!   `vm::RR_SLICE_NS`).
 
+use crate::memory::GuestMemory;
+
 /// How the vCPUs share host threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threading {
@@ -123,6 +125,55 @@ impl StealClock {
     /// Take the collected steal.
     pub fn take(&mut self) -> u64 {
         std::mem::take(&mut self.pending_ns)
+    }
+}
+
+/// A vCPU's guest-visible steal structure (x86 `kvm_steal_time`, arm64's
+/// PV stolen time), as the accounting shared by both architectures drives
+/// it at entries, exits and sampler ticks (`crate::vcpu::Vcpu`). Each vCPU
+/// has exactly one.
+pub trait StealArea {
+    /// Whether the guest turned it on (updates are due).
+    fn on(&self) -> bool;
+    /// Its accounting.
+    fn clock(&self) -> &StealClock;
+    /// The vCPU enters guest code at host time `now_ns`, its thread's run
+    /// delay being `run_delay_ns`: fold the steal in.
+    fn enter(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+    );
+    /// The vCPU leaves guest code; `halted` if voluntarily.
+    fn exit(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+        halted: bool,
+    );
+    /// MTTCG sampler tick: the run delay now (None: not read this tick) and
+    /// whether the thread is descheduled (only asked of a structure with a
+    /// preempted flag). True if it marked the vCPU preempted now.
+    fn sample(
+        &mut self,
+        mem: &dyn GuestMemory,
+        run_delay_ns: Option<u64>,
+        descheduled: bool,
+    ) -> bool;
+    /// Whether the structure has KVM's "vCPU preempted" flag (x86 only:
+    /// arm64's PV time has none).
+    fn has_preempted_flag(&self) -> bool {
+        false
+    }
+    /// Clear the preempted flag if the host set it (the vCPU runs).
+    fn clear_preempted(&mut self, _mem: &dyn GuestMemory) {}
+    /// Mark the vCPU preempted now; true if it was marked now.
+    fn mark_preempted(&mut self, _mem: &dyn GuestMemory) -> bool {
+        false
     }
 }
 

@@ -1,4 +1,7 @@
-//! One vCPU: its saved state and the routing points QEMU calls on it.
+//! One vCPU: the core both architectures share — steal accounting, exit
+//! requests, route counts, the registry's view of it — and the
+//! architecture's own state ([`crate::x86::vcpu::X86Vcpu`],
+//! [`crate::arm::vcpu::ArmVcpu`]), whose modules hold the routing points.
 //!
 //! Every routing point answers with a [`Route`]. What no model claims (the
 //! PMU, steal time, kvmclock and the TSC, hypercalls, SMCCC, PV time) is
@@ -7,21 +10,17 @@
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
-use crate::arm::pvtime::{PvTime, PvTimeError};
-use crate::arm::smccc;
+use crate::arm::vcpu::{Arm, ArmVcpu};
 use crate::memory::NoMemory;
-use crate::steal::Threading;
+use crate::steal::{StealArea, Threading};
 use crate::vm::{Arch, Shared};
-use crate::x86::clock::{self, Timer, X86Clock};
-use crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
-use crate::x86::hypercall;
-use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
-use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
+use crate::x86::pmu::Counting;
+use crate::x86::vcpu::{X86Vcpu, X86};
 
 /// The answer of a routing point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,18 +96,19 @@ impl fmt::Display for RouteCounts {
 /// lock on the routing paths); other threads read a snapshot.
 #[derive(Debug, Default)]
 pub struct RouteCounters {
-    cpuid: AtomicU64,
-    rdmsr: AtomicU64,
-    wrmsr: AtomicU64,
-    rdpmc: AtomicU64,
-    hypercall: AtomicU64,
-    hvc_smc: AtomicU64,
-    pmu_read: AtomicU64,
-    pmu_write: AtomicU64,
-    pmi: AtomicU64,
+    pub(crate) cpuid: AtomicU64,
+    pub(crate) rdmsr: AtomicU64,
+    pub(crate) wrmsr: AtomicU64,
+    pub(crate) rdpmc: AtomicU64,
+    pub(crate) hypercall: AtomicU64,
+    pub(crate) hvc_smc: AtomicU64,
+    pub(crate) pmu_read: AtomicU64,
+    pub(crate) pmu_write: AtomicU64,
+    pub(crate) pmi: AtomicU64,
 }
 
-fn bump(c: &AtomicU64) {
+/// Count one more (the vCPU's own thread only).
+pub(crate) fn bump(c: &AtomicU64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
@@ -130,63 +130,6 @@ impl RouteCounters {
     }
 }
 
-/// Per-vCPU state under the vCPU's lock: steal-time and clock accounting,
-/// the PV MSRs. (savevm/loadvm carry what the guest can see of it through
-/// [`SavedMsrs`] and QEMU's CPU state, not this struct.)
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct VcpuState {
-    /// Resets seen since creation (RESET and INIT; the `cpu_reset()` QEMU
-    /// emulates an INIT with is part of the INIT).
-    pub resets: u64,
-    /// x86 steal time.
-    pub steal: StealTime,
-    /// arm64 PV stolen time.
-    pub pvtime: PvTime,
-    /// x86 TSC, TSC_ADJUST, kvmclock, TSC-deadline.
-    pub clock: X86Clock,
-}
-
-/// vCPU state only the vCPU's own thread touches — or one thread while the
-/// vCPU is stopped (reset, savevm/loadvm) — so it needs no lock: the x86
-/// PMU, which every PMU MSR access, RDPMC and PMI reaches.
-#[derive(Debug)]
-struct Local {
-    /// x86 PMU registers.
-    pmu: Pmu,
-    /// arm64 PMUv3 registers.
-    arm_pmu: crate::arm::pmu::Pmu,
-    /// Unhalted cycles: VM nanoseconds spent in guest code (PMU only) ...
-    unhalted_ns: u64,
-    /// ... and when the current stretch began (VM ns; 0: not in guest code).
-    run_since_ns: u64,
-    /// The counting engine's state in QEMU's CPU state (None: none).
-    counting: Option<CountingPtr>,
-    /// Host ns of this vCPU's last look at the others ([`Vcpu::mark_descheduled_peers`]).
-    peers_seen_ns: u64,
-    /// x86: an INIT was applied ([`Vcpu::reset`] with [`ResetKind::Init`])
-    /// and the `cpu_reset()` QEMU emulates the rest of it with is under way:
-    /// its cold reset is skipped and its setup keeps the PMU.
-    init_pending: bool,
-}
-
-impl Default for Local {
-    fn default() -> Self {
-        Local {
-            pmu: Pmu::default(),
-            arm_pmu: crate::arm::pmu::Pmu::new(crate::arm::pmu::PmuConfig {
-                counters: None,
-                v3p5: false,
-            }),
-            unhalted_ns: 0,
-            run_since_ns: 0,
-            counting: None,
-            peers_seen_ns: 0,
-            init_pending: false,
-        }
-    }
-}
-
 /// The counting engine's state of one vCPU, which QEMU keeps in the vCPU's
 /// CPU state (`CPUX86State`/`CPUARMState`, rustkvm.h `RustkvmCounting`) and
 /// the vCPU thread's translated code updates inline.
@@ -198,41 +141,55 @@ impl CountingPtr {
     ///
     /// # Safety
     /// `ptr` is null or points to a `Counting` that stays valid for as long
-    /// as a vCPU given it (by [`Vcpu::x86_setup`] or [`Vcpu::arm_setup`])
-    /// keeps it, and that nothing else accesses while that vCPU's thread runs
-    /// guest code or a routing point, other than that thread's translated
-    /// code: QEMU's contract for its CPU state (rustkvm.h), and a test's
-    /// for its own `Counting`.
+    /// as a vCPU given it (by the x86 or arm64 setup) keeps it, and that
+    /// nothing else accesses while that vCPU's thread runs guest code or a
+    /// routing point, other than that thread's translated code: QEMU's
+    /// contract for its CPU state (rustkvm.h), and a test's for its own
+    /// `Counting`.
     pub unsafe fn new(ptr: *mut Counting) -> Option<Self> {
         NonNull::new(ptr).map(CountingPtr)
     }
+
+    /// The engine's state, for the holder of the vCPU's [`LocalCell`].
+    ///
+    /// # Safety
+    /// The caller holds the `LocalCell` of the vCPU this pointer was given
+    /// to, and no other reference to the `Counting` is live.
+    pub(crate) unsafe fn get<'a>(self) -> &'a mut Counting {
+        // SAFETY: valid (`new`'s contract) and not accessed by anyone else
+        // while the vCPU's `LocalCell` is held (this function's contract).
+        unsafe { &mut *self.0.as_ptr() }
+    }
 }
 
-// SAFETY: the pointee is reached only through `Local`, under `LocalCell`'s
-// one-holder rule, as `CountingPtr::new`'s contract allows from any thread.
+// SAFETY: the pointee is reached only through a vCPU's `LocalCell`, under
+// its one-holder rule, as `CountingPtr::new`'s contract allows from any thread.
 unsafe impl Send for CountingPtr {}
 
-/// [`Local`] for one holder at a time. QEMU reaches a vCPU's `Local` from
-/// that vCPU's thread, or from one thread while the vCPU is stopped
+/// vCPU state only the vCPU's own thread touches — or one thread while the
+/// vCPU is stopped (reset, savevm/loadvm) — so it needs no lock: the PMU,
+/// which every PMU register access, RDPMC and PMI reaches. QEMU reaches it
+/// from that vCPU's thread, or from one thread while the vCPU is stopped
 /// (rustkvm.h: the routing points, run begin/end, setup at reset,
 /// savevm/loadvm); [`LocalCell::with`] enforces it, so that no safe call
 /// can race: a second holder at once (another thread, or a re-entry from
 /// inside `with`) panics (the process aborts: `panic = "abort"`) instead of
 /// getting a second `&mut`. One uncontended compare-exchange per access.
 #[derive(Debug, Default)]
-struct LocalCell {
+pub(crate) struct LocalCell<T> {
     held: AtomicBool,
-    local: UnsafeCell<Local>,
+    local: UnsafeCell<T>,
 }
 
 // SAFETY: `local` is reached only through `with`, which admits one holder at
 // a time (`held`, taken with Acquire and given back with Release, orders
-// each holder's accesses after the previous holder's); `Local` is `Send`.
-unsafe impl Sync for LocalCell {}
+// each holder's accesses after the previous holder's); `T` is `Send`.
+unsafe impl<T: Send> Sync for LocalCell<T> {}
 
-impl LocalCell {
-    /// Run `f` on the `Local`, as its only holder.
-    fn with<R>(&self, f: impl FnOnce(&mut Local) -> R) -> R {
+impl<T> LocalCell<T> {
+    /// Run `f` on the state, as its only holder; `f` must not call back
+    /// into it (that panics).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         if self
             .held
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -251,164 +208,70 @@ impl LocalCell {
         }
         let _release = Release(&self.held);
         // SAFETY: `held` was false and is now ours until `_release` drops:
-        // no other reference to the `Local` exists meanwhile.
+        // no other reference to the state exists meanwhile.
         f(unsafe { &mut *self.local.get() })
     }
 }
 
-impl Local {
-    /// The counting engine's state, if QEMU gave it.
-    fn counting(&mut self) -> Option<&mut Counting> {
-        // SAFETY: valid and not accessed by anyone else while this vCPU's
-        // `Local` is held (`CountingPtr::new`'s contract; `self` is borrowed
-        // from `LocalCell::with`).
-        self.counting.map(|p| unsafe { &mut *p.0.as_ptr() })
+/// Unhalted cycles of a vCPU with a PMU: VM nanoseconds spent in guest code.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unhalted {
+    /// Completed stretches so far ...
+    ns: u64,
+    /// ... and when the current one began (VM ns; 0: not in guest code).
+    since_ns: u64,
+}
+
+impl Unhalted {
+    /// Entry into guest code at VM time `now_ns`.
+    fn begin(&mut self, now_ns: u64) {
+        self.since_ns = now_ns.max(1);
+    }
+
+    /// Exit from guest code at VM time `now_ns`.
+    fn end(&mut self, now_ns: u64) {
+        if self.since_ns != 0 {
+            self.ns += now_ns.saturating_sub(self.since_ns);
+            self.since_ns = 0;
+        }
     }
 
     /// Unhalted cycles so far, at the guest TSC rate.
-    fn cycles(&self, shared: &Shared) -> u64 {
-        let mut ns = self.unhalted_ns;
-        if self.run_since_ns != 0 {
-            ns += shared.virtual_ns().saturating_sub(self.run_since_ns);
+    pub(crate) fn cycles(&self, shared: &Shared) -> u64 {
+        let mut ns = self.ns;
+        if self.since_ns != 0 {
+            ns += shared.virtual_ns().saturating_sub(self.since_ns);
         }
         shared.tsc_rate().ticks(ns)
     }
-
-    /// The arm64 PMU's event totals now.
-    fn arm_events(&mut self, shared: &Shared) -> crate::arm::pmu::Events {
-        let cycles = self.cycles(shared);
-        let e = self.counting().map_or([0; 12], |c| c.events);
-        crate::arm::pmu::Events {
-            instructions: [e[0], e[1]],
-            branches: [e[2], e[3]],
-            mem_accesses: [e[4], e[5]],
-            loads: [e[6], e[7]],
-            stores: [e[8], e[9]],
-            exceptions: [e[10], e[11]],
-            cycles,
-        }
-    }
-
-    /// Tell the engine what the arm64 PMU needs now: whether blocks count,
-    /// the next PMI budget, the interrupt's level, when a cycle counter can
-    /// overflow.
-    fn arm_publish(&mut self, shared: &Shared, ev: &crate::arm::pmu::Events, irq: bool) {
-        let deadline = self.arm_pmu.cycles_until_overflow(ev).map_or(-1, |ticks| {
-            let ns = shared
-                .virtual_ns()
-                .saturating_add(shared.tsc_rate().ns_for(ticks));
-            i64::try_from(ns).unwrap_or(i64::MAX)
-        });
-        if let Some(c) = self.counting() {
-            c.cycles_deadline_ns = deadline;
-        }
-        let p = &self.arm_pmu;
-        let active = if p.counts_retired() {
-            ACTIVE_RETIRED
-        } else {
-            0
-        } | if p.counts_mem() { ACTIVE_MEM } else { 0 }
-            | if p.counts_exceptions() { ACTIVE_EXC } else { 0 };
-        let budget = p.until_overflow(ev);
-        if let Some(c) = self.counting() {
-            c.active = active;
-            c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
-            c.pmi = u32::from(irq);
-        }
-    }
-
-    /// The PMU's event totals now. Cycles need the VM clock, which costs
-    /// more than the rest: they are 0 unless `cycles` (a counter counts
-    /// them, or may start to with the access at hand).
-    fn events(&mut self, shared: &Shared, cycles: bool) -> Events {
-        let cycles = if cycles { self.cycles(shared) } else { 0 };
-        self.counting().map_or(
-            Events {
-                cycles,
-                ref_cycles: cycles,
-                ..Events::default()
-            },
-            |c| c.events(cycles),
-        )
-    }
-
-    /// Tell the engine what the PMU needs now (and raise a PMI for `pmi`).
-    fn publish(&mut self, shared: &Shared, ev: &Events, pmi: u64, routes: &RouteCounters) {
-        if pmi != 0 {
-            bump(&routes.pmi);
-        }
-        // A cycle counter's PMI: when its wrap is due at the earliest (if
-        // the vCPU halts meanwhile, the engine calls back early and the
-        // deadline moves on).
-        let deadline = self.pmu.cycles_until_overflow(ev).map_or(-1, |ticks| {
-            let ns = shared
-                .virtual_ns()
-                .saturating_add(shared.tsc_rate().ns_for(ticks));
-            i64::try_from(ns).unwrap_or(i64::MAX)
-        });
-        // SAFETY: as in `counting` (a copy of the pointer, so that the PMU
-        // can be borrowed alongside without copying it).
-        if let Some(c) = self.counting.map(|p| unsafe { &mut *p.0.as_ptr() }) {
-            c.publish(&self.pmu, ev, pmi);
-            c.cycles_deadline_ns = deadline;
-        }
-    }
 }
 
-/// CPUID 0x80000001 ECX[23]: AMD PerfCtrExtCore.
-const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
+/// The lock-free per-architecture state the core drives at entry and exit.
+pub(crate) trait PmuClock {
+    /// Whether the vCPU has a PMU (then its unhalted cycles are kept).
+    fn has_pmu(&self) -> bool;
+    /// Its unhalted cycles.
+    fn unhalted(&mut self) -> &mut Unhalted;
+}
 
-/// `RustkvmCounting.active` (arm64): a counter counts instructions,
-/// branches or memory events; the engine translates counting blocks.
-pub const ACTIVE_RETIRED: u32 = 1;
-/// ... a counter counts memory events: blocks add their loads and stores.
-pub const ACTIVE_MEM: u32 = 2;
-/// ... a counter counts exceptions taken: QEMU adds each and calls back.
-pub const ACTIVE_EXC: u32 = 4;
-
-/// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
-pub const PMU_NONE: u32 = 0;
-/// Intel architectural PMU version 2.
-pub const PMU_INTEL: u32 = 1;
-/// AMD PMU (legacy K7 counters; with the flags below, more).
-pub const PMU_AMD: u32 = 2;
-/// With PDCM: IA32_PERF_CAPABILITIES, full-width writes.
-pub const PMU_FULL_WIDTH: u32 = 0x100;
-/// AMD PerfCtrExtCore (CPUID 0x80000001 ECX bit 23).
-pub const PMU_PERFCTR_CORE: u32 = 0x200;
-/// AMD PerfMonV2 (CPUID 0x80000022 EAX bit 0).
-pub const PMU_PERFMON_V2: u32 = 0x400;
-
-/// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SavedMsrs {
-    /// MSR_KVM_STEAL_TIME.
-    pub steal_time: u64,
-    /// IA32_TSC.
-    pub tsc: u64,
-    /// IA32_TSC_ADJUST.
-    pub tsc_adjust: u64,
-    /// IA32_TSC_DEADLINE.
-    pub tsc_deadline: u64,
-    /// MSR_KVM_SYSTEM_TIME(_NEW).
-    pub system_time: u64,
-    /// MSR_KVM_WALL_CLOCK(_NEW).
-    pub wall_clock: u64,
-    /// The PMU's registers.
-    pub pmu: pmu::PmuRegs,
+/// The architecture's part of a [`Vcpu`]: an x86 vCPU carries no arm64
+/// state and the reverse (each boxed, so neither carries the other's size).
+#[derive(Debug)]
+pub(crate) enum ArchVcpu {
+    /// x86: PMU, steal time, TSC and kvmclock, PV MSRs and hypercalls.
+    X86(Box<X86Vcpu>),
+    /// arm64: PMUv3, PV stolen time, SMCCC.
+    Aarch64(Box<ArmVcpu>),
 }
 
 /// One vCPU of a [`crate::Vm`].
 #[derive(Debug)]
 pub struct Vcpu {
     index: u32,
-    arch: Arch,
-    // Touched by the vCPU's own thread on every routed access and, rarely, by
-    // the main thread (introspection, exit report): never contended in practice.
-    state: Mutex<VcpuState>,
-    // Set by another vCPU's KVM_HC_KICK_CPU, consumed by this vCPU's HLT.
-    pv_unhalt: AtomicBool,
-    routes: RouteCounters,
+    /// Resets seen since creation (RESET and INIT; the `cpu_reset()` QEMU
+    /// emulates an INIT with is part of the INIT).
+    resets: AtomicU64,
+    pub(crate) routes: RouteCounters,
     // The host thread running this vCPU (MTTCG sampler), 0 until it runs.
     tid: AtomicI32,
     // Between run_begin and run_end (MTTCG sampler).
@@ -422,17 +285,14 @@ pub struct Vcpu {
     // Round-robin: it left its last turn runnable (not halted) and waits for
     // its next.
     waiting: AtomicBool,
-    // x86: the KVM feature bits its CPUID advertises (set at reset).
-    kvm_features: AtomicU32,
-    // x86: `kvm-pv-enforce-cpuid`: PV MSRs and hypercalls not advertised
-    // fault / return -KVM_ENOSYS (KVM_CAP_ENFORCE_PV_FEATURE_CPUID).
-    pv_enforce: AtomicBool,
-    // x86: the PMU, without a lock (see LocalCell).
-    local: LocalCell,
+    // Host ns of this vCPU's last look at the others
+    // ([`Vcpu::mark_descheduled_peers`]); its own thread only.
+    peers_seen_ns: AtomicU64,
     // Makes the vCPU leave guest code at its next block (QEMU's cpu_exit),
     // from any thread; called and cleared under this lock.
     exit_request: Mutex<Option<ExitRequest>>,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
+    arch: ArchVcpu,
 }
 
 /// Asks a vCPU's thread, from any thread, to leave guest code at its next
@@ -462,20 +322,36 @@ impl Vcpu {
     pub fn with_shared(index: u32, arch: Arch, shared: Arc<Shared>) -> Self {
         Vcpu {
             index,
-            arch,
-            state: Mutex::new(VcpuState::default()),
-            pv_unhalt: AtomicBool::new(false),
+            resets: AtomicU64::new(0),
             routes: RouteCounters::default(),
             tid: AtomicI32::new(0),
             in_guest: AtomicBool::new(false),
             halts: AtomicU64::new(0),
             turn_since_ns: AtomicU64::new(0),
             waiting: AtomicBool::new(false),
-            kvm_features: AtomicU32::new(0),
-            pv_enforce: AtomicBool::new(false),
-            local: LocalCell::default(),
+            peers_seen_ns: AtomicU64::new(0),
             exit_request: Mutex::new(None),
             shared,
+            arch: match arch {
+                Arch::X86_64 => ArchVcpu::X86(Box::default()),
+                Arch::Aarch64 => ArchVcpu::Aarch64(Box::default()),
+            },
+        }
+    }
+
+    /// The x86 vCPU's routing points; None on arm64.
+    pub fn x86(&self) -> Option<X86<'_>> {
+        match &self.arch {
+            ArchVcpu::X86(x) => Some(X86::new(self, x)),
+            ArchVcpu::Aarch64(_) => None,
+        }
+    }
+
+    /// The arm64 vCPU's routing points; None on x86.
+    pub fn arm(&self) -> Option<Arm<'_>> {
+        match &self.arch {
+            ArchVcpu::Aarch64(a) => Some(Arm::new(self, a)),
+            ArchVcpu::X86(_) => None,
         }
     }
 
@@ -504,12 +380,16 @@ impl Vcpu {
 
     /// The guest architecture.
     pub fn arch(&self) -> Arch {
-        self.arch
+        match self.arch {
+            ArchVcpu::X86(_) => Arch::X86_64,
+            ArchVcpu::Aarch64(_) => Arch::Aarch64,
+        }
     }
 
-    /// A copy of the state.
-    pub fn state(&self) -> VcpuState {
-        *self.state.lock()
+    /// Resets seen since creation (RESET and INIT; the `cpu_reset()` QEMU
+    /// emulates an INIT with is part of the INIT).
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
     }
 
     /// How often each routing point was reached.
@@ -517,59 +397,37 @@ impl Vcpu {
         self.routes.snapshot()
     }
 
-    fn lock(&self) -> MutexGuard<'_, VcpuState> {
-        self.state.lock()
+    /// A reset of `kind`, as KVM's `kvm_vcpu_reset(vcpu, init_event)`.
+    /// Statistics survive resets. See [`X86::reset`] and [`Arm::reset`].
+    pub fn reset(&self, kind: ResetKind) {
+        let counted = match &self.arch {
+            ArchVcpu::X86(x) => X86::new(self, x).reset(kind),
+            ArchVcpu::Aarch64(a) => Arm::new(self, a).reset(),
+        };
+        if counted {
+            self.resets.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// A reset of `kind`, as KVM's `kvm_vcpu_reset(vcpu, init_event)`.
-    /// Statistics survive resets. Both kinds turn steal time, kvmclock,
-    /// arm64 PV time and a pending KICK_CPU off, and disarm the TSC-deadline
-    /// timer; a cold reset also puts the TSC back on the VM's timeline,
-    /// clears IA32_TSC_ADJUST and (when this vCPU advertises kvmclock) the
-    /// VM's MSR_KVM_WALL_CLOCK, as QEMU writes its reset MSRs into KVM
-    /// (`kvm_put_msrs` at `KVM_PUT_RESET_STATE`). The PMU is reset by the
-    /// setup after a cold reset ([`Vcpu::x86_setup`], [`Vcpu::arm_setup`]).
-    ///
-    /// QEMU emulates an INIT with a full `cpu_reset()` right after telling
-    /// Rust (`do_cpu_init`): until the x86 setup that ends that reset, a cold
-    /// reset is part of the INIT and changes nothing, and the setup keeps the
-    /// PMU as it is.
-    pub fn reset(&self, kind: ResetKind) {
-        let kind = if self.arch == Arch::X86_64 {
-            kind
-        } else {
-            ResetKind::Cold
-        };
-        if kind == ResetKind::Cold && self.local(|l| l.init_pending) {
-            return;
+    /// The vCPU's steal structure (x86 steal time, arm64 PV stolen time),
+    /// under the vCPU's lock.
+    fn with_steal<R>(&self, f: impl FnOnce(&mut dyn StealArea) -> R) -> R {
+        match &self.arch {
+            ArchVcpu::X86(x) => f(&mut x.lock().steal),
+            ArchVcpu::Aarch64(a) => f(&mut *a.lock_pvtime()),
         }
-        let mut s = self.lock();
-        s.resets += 1;
-        s.steal.reset(kind);
-        s.pvtime.reset();
-        s.clock.reset(kind);
-        drop(s);
-        self.pv_unhalt.store(false, Ordering::Relaxed);
-        match kind {
-            ResetKind::Init => self.local(|l| l.init_pending = true),
-            ResetKind::Cold => {
-                let kvmclock = crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE
-                    | crate::x86::cpuid::KVM_FEATURE_CLOCKSOURCE2;
-                if self.kvm_features.load(Ordering::Relaxed) & kvmclock != 0 {
-                    self.shared.wall_clock_msr.store(0, Ordering::Relaxed);
-                }
+    }
+
+    /// The PMU's unhalted-cycle clock, if the vCPU has a PMU.
+    fn with_pmu_clock(&self, f: impl FnOnce(&mut Unhalted)) {
+        fn on<T: PmuClock>(l: &mut T, f: impl FnOnce(&mut Unhalted)) {
+            if l.has_pmu() {
+                f(l.unhalted());
             }
         }
-    }
-
-    /// Restore MSR_KVM_STEAL_TIME from a saved machine (loadvm, incoming
-    /// migration). A value KVM would refuse (reserved bits) turns it off;
-    /// accounting restarts from the next entry, as KVM's does.
-    pub fn load_steal_time_msr(&self, value: u64) {
-        let mut s = self.lock();
-        s.steal = StealTime::default();
-        if s.steal.write_msr(value).is_err() {
-            s.steal = StealTime::default();
+        match &self.arch {
+            ArchVcpu::X86(x) => x.local.with(|l| on(l, f)),
+            ArchVcpu::Aarch64(a) => a.local.with(|l| on(l, f)),
         }
     }
 
@@ -585,12 +443,8 @@ impl Vcpu {
             self.turn_since_ns
                 .store(self.shared.now_ns(), Ordering::Release);
         }
-        self.local(|l| {
-            if l.pmu.config.version != 0 || l.arm_pmu.present() {
-                l.run_since_ns = self.shared.virtual_ns().max(1);
-            }
-        });
-        self.enter_steal(&mut self.lock());
+        self.with_pmu_clock(|u| u.begin(self.shared.virtual_ns()));
+        self.with_steal(|area| self.enter_steal(area));
         self.mark_descheduled_peers();
     }
 
@@ -611,16 +465,10 @@ impl Vcpu {
             return;
         }
         let now = self.shared.now_ns();
-        let due = self.local(|l| {
-            let due = now.saturating_sub(l.peers_seen_ns) >= PEER_LOOK_NS;
-            if due {
-                l.peers_seen_ns = now;
-            }
-            due
-        });
-        if !due {
+        if now.saturating_sub(self.peers_seen_ns.load(Ordering::Relaxed)) < PEER_LOOK_NS {
             return;
         }
+        self.peers_seen_ns.store(now, Ordering::Relaxed);
         let (mem, sched) = (&*self.shared.host, self.shared.sched());
         self.shared.for_each_peer(|peer| {
             let tid = peer.tid.load(Ordering::Relaxed);
@@ -632,32 +480,28 @@ impl Vcpu {
                 .is_some_and(|(_, running)| !running);
             if off_cpu
                 && peer.in_guest.load(Ordering::Acquire)
-                && peer.lock().steal.mark_preempted(mem)
+                && peer.with_steal(|area| area.mark_preempted(mem))
             {
                 peer.request_exit();
             }
         });
     }
 
-    /// Fold steal in at an entry into guest code (or a steal-time enable);
-    /// under MTTCG at most every `MTTCG_ENTRY_FOLD_NS`, clearing only the
-    /// sampler's `preempted` in between.
-    fn enter_steal(&self, s: &mut VcpuState) {
-        let (x86, arm) = (s.steal.enabled(), s.pvtime.active != 0);
-        if !x86 && !arm {
+    /// Fold steal in at an entry into guest code (or when the guest turns
+    /// its structure on); under MTTCG at most every `MTTCG_ENTRY_FOLD_NS`,
+    /// clearing only the sampler's `preempted` in between. `area` is this
+    /// vCPU's, under its lock.
+    pub(crate) fn enter_steal(&self, area: &mut dyn StealArea) {
+        if !area.on() {
             return;
         }
         let (now, threading) = (self.shared.steal_now_ns(), self.shared.threading());
         let mem = &*self.shared.host;
-        let due = (x86 && s.steal.clock.entry_fold_due(threading, now))
-            || (arm && s.pvtime.clock.entry_fold_due(threading, now));
-        if !due {
-            s.steal.clear_preempted(mem);
+        if !area.clock().entry_fold_due(threading, now) {
+            area.clear_preempted(mem);
             return;
         }
-        let rd = self.shared.steal_run_delay_ns();
-        s.steal.enter(mem, threading, now, rd);
-        s.pvtime.enter(mem, threading, now, rd);
+        area.enter(mem, threading, now, self.shared.steal_run_delay_ns());
     }
 
     /// MTTCG sampler tick, `interval_ns` after the previous one: `view` is
@@ -669,16 +513,12 @@ impl Vcpu {
     /// (`kvm_sched_out` with the task still on the run queue). Marking it
     /// asks it to leave guest code, so the entry after its thread gets a CPU
     /// back clears the flag (a tick that finds it running clears it too).
-    /// A vCPU out of
-    /// guest code (halted) costs no system call: its steal is folded in at
-    /// its next entry.
+    /// A vCPU out of guest code (halted) costs no system call: its steal is
+    /// folded in at its next entry.
     pub fn sample(&self, view: &mut Option<SamplerView>, interval_ns: u64, fold: bool) -> Sampled {
         let tid = self.tid.load(Ordering::Relaxed);
-        let (x86, arm) = {
-            let s = self.lock();
-            (s.steal.enabled(), s.pvtime.active != 0)
-        };
-        if tid == 0 || !(x86 || arm) {
+        let (on, flag) = self.with_steal(|area| (area.on(), area.has_preempted_flag()));
+        if tid == 0 || !on {
             *view = None;
             return Sampled::Unwatched;
         }
@@ -694,7 +534,7 @@ impl Vcpu {
         } else {
             None
         };
-        let descheduled = x86
+        let descheduled = flag
             && v.in_guest
             && v.halts == halts
             && match (v.cpu_ns, now) {
@@ -709,16 +549,8 @@ impl Vcpu {
         } else {
             None
         };
-        let marked = {
-            let mem = &*self.shared.host;
-            let mut s = self.lock();
-            let marked = s.steal.sample(mem, rd, descheduled);
-            if let Some(rd) = rd {
-                s.pvtime.sample(mem, rd);
-            }
-            marked
-        };
-        if marked {
+        let mem = &*self.shared.host;
+        if self.with_steal(|area| area.sample(mem, rd, descheduled)) {
             self.request_exit();
         }
         (v.cpu_ns, v.in_guest, v.halts) = (now.map(|(cpu, _)| cpu), in_guest, halts);
@@ -744,8 +576,7 @@ impl Vcpu {
 
     /// Whether the guest has steal time (x86) or PV stolen time (arm64) on.
     pub fn steal_on(&self) -> bool {
-        let s = self.lock();
-        s.steal.enabled() || s.pvtime.active != 0
+        self.with_steal(|area| area.on())
     }
 
     /// Round-robin: end the vCPU's turn at its next translation block
@@ -760,13 +591,7 @@ impl Vcpu {
             self.halts.fetch_add(1, Ordering::Release);
         }
         self.in_guest.store(false, Ordering::Release);
-        self.local(|l| {
-            if l.run_since_ns != 0 {
-                let now = self.shared.virtual_ns();
-                l.unhalted_ns += now.saturating_sub(l.run_since_ns);
-                l.run_since_ns = 0;
-            }
-        });
+        self.with_pmu_clock(|u| u.end(self.shared.virtual_ns()));
         let threading = self.shared.threading();
         if threading == Threading::Mttcg {
             // Nothing happens at an MTTCG exit (the sampler and the next
@@ -775,663 +600,21 @@ impl Vcpu {
         }
         self.turn_since_ns.store(0, Ordering::Release);
         self.waiting.store(!halted, Ordering::Release);
-        let mut s = self.lock();
-        if s.steal.enabled() || s.pvtime.active != 0 {
-            let (now, rd) = (self.shared.steal_now_ns(), self.shared.steal_run_delay_ns());
-            s.steal.exit(&*self.shared.host, threading, now, rd, halted);
-            s.pvtime.exit(threading, now, rd, halted);
-        }
+        self.with_steal(|area| {
+            if area.on() {
+                let (now, rd) = (self.shared.steal_now_ns(), self.shared.steal_run_delay_ns());
+                area.exit(&*self.shared.host, threading, now, rd, halted);
+            }
+        });
     }
 
-    /// CPUID `leaf`/`subleaf`; `tcg` is TCG's answer (EAX, EBX, ECX, EDX).
-    pub fn cpuid(&self, leaf: u32, _subleaf: u32, tcg: [u32; 4]) -> Route<[u32; 4]> {
-        bump(&self.routes.cpuid);
-        if self.arch != Arch::X86_64 {
-            return Route::Unhandled;
-        }
-        let config = self.local(|l| l.pmu.config);
-        let amd = config.version != 0 && config.vendor == pmu::Vendor::Amd;
-        match leaf {
-            0xa if config.version != 0 && !amd => Route::Handled(config.cpuid_0xa()),
-            // PerfCtrExtCore only with the AMD PMU that has it (KVM drops
-            // the bit without a PMU).
-            0x8000_0001
-                if tcg[2] & CPUID_8000_0001_ECX_PERFCTR_CORE != 0
-                    && !(amd && config.perfctr_core) =>
-            {
-                let mut r = tcg;
-                r[2] &= !CPUID_8000_0001_ECX_PERFCTR_CORE;
-                Route::Handled(r)
-            }
-            // PDCM (IA32_PERF_CAPABILITIES) only with the Intel PMU that has
-            // the MSR (an AMD model with pmu=on would show it otherwise).
-            1 if tcg[2] & crate::x86::cpuid::CPUID_1_ECX_PDCM != 0
-                && !(config.version != 0 && !amd && config.full_width_writes) =>
-            {
-                let mut r = tcg;
-                r[2] &= !crate::x86::cpuid::CPUID_1_ECX_PDCM;
-                Route::Handled(r)
-            }
-            // PerfMonV2 and its number of core counters (EBX[3:0]).
-            0x8000_0022 if amd && config.version >= 2 => {
-                Route::Handled([1, u32::from(config.gp), 0, 0])
-            }
-            _ => Route::Unhandled,
-        }
-    }
-
-    /// The lock-free part of the vCPU (see [`LocalCell`]); `f` must not
-    /// call back into it (that panics).
-    fn local<R>(&self, f: impl FnOnce(&mut Local) -> R) -> R {
-        self.local.with(f)
-    }
-
-    /// A PMU MSR read: None if `index` is not one (then not the PMU's).
-    fn pmu_rdmsr(&self, index: u32) -> Option<Route<u64>> {
-        if !pmu::is_arch_pmu_msr(index) {
-            return None;
-        }
-        Some(self.local(|l| {
-            let ev = l.events(&self.shared, l.pmu.counts_cycles());
-            match l.pmu.read_msr(index, &ev) {
-                Some(v) => Route::Handled(v),
-                // Not this PMU's: KVM still reads the legacy ones as 0.
-                None if !l.pmu.claims(index) && pmu::kvm_reads_as_zero(index) => Route::Handled(0),
-                None => Route::Fault,
-            }
-        }))
-    }
-
-    /// A PMU MSR write: None if `index` is not one.
-    fn pmu_wrmsr(&self, index: u32, value: u64) -> Option<Route<()>> {
-        if !pmu::is_arch_pmu_msr(index) {
-            return None;
-        }
-        Some(self.local(|l| {
-            if let Some(r) = l.pmu.write_quiet(index, value) {
-                return r.map_or(Route::Fault, Route::Handled);
-            }
-            // The clock only if a cycle counter counts or may start to.
-            let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
-            let ev = l.events(&self.shared, cycles);
-            match l.pmu.write_msr(index, value, &ev) {
-                Ok(pmi) => {
-                    l.publish(&self.shared, &ev, pmi, &self.routes);
-                    Route::Handled(())
-                }
-                // Not this PMU's: KVM still ignores writes to the legacy ones.
-                Err(_) if !l.pmu.claims(index) && pmu::kvm_reads_as_zero(index) => {
-                    Route::Handled(())
-                }
-                Err(_) => Route::Fault,
-            }
-        }))
-    }
-
-    /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
+    /// The PMI budget ran out (`rustkvm_x86_pmu_due`, `rustkvm_arm_pmu_due`):
+    /// the PMU syncs with the engine and tells it what it needs next.
     pub fn pmu_due(&self) {
-        if self.arch == Arch::Aarch64 {
-            self.local(|l| {
-                let ev = l.arm_events(&self.shared);
-                let irq = l.arm_pmu.sync(&ev).irq;
-                l.arm_publish(&self.shared, &ev, irq);
-            });
-            return;
+        match &self.arch {
+            ArchVcpu::X86(x) => X86::new(self, x).pmu_due(),
+            ArchVcpu::Aarch64(a) => Arm::new(self, a).pmu_due(),
         }
-        self.local(|l| {
-            let ev = l.events(&self.shared, l.pmu.counts_cycles());
-            let pmi = l.pmu.sync(&ev);
-            l.publish(&self.shared, &ev, pmi, &self.routes);
-        });
-    }
-
-    /// RDMSR.
-    pub fn rdmsr(&self, index: u32) -> Route<u64> {
-        bump(&self.routes.rdmsr);
-        if self.arch != Arch::X86_64 {
-            return Route::Unhandled;
-        }
-        if let Some(r) = self.pmu_rdmsr(index) {
-            return r;
-        }
-        if !self.pv_msr_allowed(index) {
-            return Route::Fault;
-        }
-        if !owns_msr(index) {
-            return Route::Unhandled;
-        }
-        let s = self.lock();
-        Route::Handled(match index {
-            MSR_KVM_STEAL_TIME => s.steal.msr,
-            clock::MSR_IA32_TSC => s
-                .clock
-                .tsc(self.shared.tsc_rate(), self.shared.virtual_ns()),
-            clock::MSR_IA32_TSC_ADJUST => s.clock.tsc_adjust,
-            clock::MSR_IA32_TSC_DEADLINE => s.clock.read_deadline(),
-            clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => s.clock.system_time_msr,
-            clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => {
-                self.shared.wall_clock_msr.load(Ordering::Relaxed)
-            }
-            _ => return Route::Unhandled,
-        })
-    }
-
-    /// WRMSR.
-    pub fn wrmsr(&self, index: u32, value: u64) -> Route<()> {
-        bump(&self.routes.wrmsr);
-        if self.arch != Arch::X86_64 {
-            return Route::Unhandled;
-        }
-        let (rate, mem) = (self.shared.tsc_rate(), &*self.shared.host);
-        if let Some(r) = self.pmu_wrmsr(index, value) {
-            return r;
-        }
-        if !self.pv_msr_allowed(index) {
-            return Route::Fault;
-        }
-        if !owns_msr(index) {
-            return Route::Unhandled;
-        }
-        let mut s = self.lock();
-        let timer = match index {
-            MSR_KVM_STEAL_TIME => match s.steal.write_msr(value) {
-                Ok(()) => {
-                    // KVM requests a steal-time update on the write
-                    // (KVM_REQ_STEAL_UPDATE): the structure is valid as soon
-                    // as the guest runs again.
-                    self.enter_steal(&mut s);
-                    Timer::Unchanged
-                }
-                Err(_) => return Route::Fault,
-            },
-            clock::MSR_IA32_TSC | clock::MSR_IA32_TSC_ADJUST => {
-                let t = if index == clock::MSR_IA32_TSC {
-                    s.clock.write_tsc(rate, self.shared.virtual_ns(), value)
-                } else {
-                    s.clock.write_tsc_adjust(value)
-                };
-                // KVM_REQ_CLOCK_UPDATE: kvmclock follows the new TSC.
-                s.clock.write_pvclock(mem, rate, self.kvmclock_stable());
-                t
-            }
-            clock::MSR_IA32_TSC_DEADLINE => s.clock.write_deadline(value),
-            clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => {
-                s.clock.system_time_msr = value;
-                let old = index == clock::MSR_KVM_SYSTEM_TIME;
-                // `kvm_write_system_time`: vCPU 0's choice of MSR decides
-                // whether the VM's kvmclock can be stable (the master clock
-                // needs the new one); a change rewrites every vCPU's.
-                let changed = self.index == 0
-                    && self
-                        .shared
-                        .old_kvmclock_on_boot_vcpu
-                        .swap(old, Ordering::Relaxed)
-                        != old;
-                s.clock.write_pvclock(mem, rate, self.kvmclock_stable());
-                if changed {
-                    drop(s);
-                    self.shared.for_each_peer(|peer| {
-                        if peer.index != self.index {
-                            let stable = peer.kvmclock_stable();
-                            peer.lock().clock.write_pvclock(mem, rate, stable);
-                        }
-                    });
-                    return Route::Handled(());
-                }
-                Timer::Unchanged
-            }
-            clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => {
-                self.shared.wall_clock_msr.store(value, Ordering::Relaxed);
-                let (real, vm) = real_and_vm_ns(realtime_ns, || self.shared.virtual_ns());
-                clock::write_wall_clock(mem, value, vm, real);
-                Timer::Unchanged
-            }
-            _ => return Route::Unhandled,
-        };
-        drop(s);
-        if timer == Timer::Changed {
-            self.shared.host.tsc_deadline_changed(self.index);
-        }
-        Route::Handled(())
-    }
-
-    /// Whether the guest may access PV MSR `index` (any other MSR: yes):
-    /// KVM's `guest_pv_has` — always without enforcement, else only with
-    /// its feature advertised.
-    fn pv_msr_allowed(&self, index: u32) -> bool {
-        crate::x86::cpuid::pv_msr_feature(index).is_none_or(|f| self.pv_enforced().allows(f))
-    }
-
-    /// The enforcement the hypercalls and PV MSRs see.
-    fn pv_enforced(&self) -> hypercall::Enforce {
-        hypercall::Enforce(
-            self.pv_enforce
-                .load(Ordering::Relaxed)
-                .then(|| self.kvm_features.load(Ordering::Relaxed)),
-        )
-    }
-
-    /// x86, after each setup: whether PV CPUID is enforced
-    /// (`-cpu ...,kvm-pv-enforce-cpuid=on`).
-    pub fn x86_enforce_pv_cpuid(&self, on: bool) {
-        self.pv_enforce.store(on, Ordering::Relaxed);
-    }
-
-    /// PVCLOCK_TSC_STABLE_BIT for this vCPU's kvmclock: advertised, and
-    /// KVM's master clock possible (vCPU 0 not on the legacy MSR).
-    fn kvmclock_stable(&self) -> bool {
-        self.kvm_features.load(Ordering::Relaxed) & KVM_FEATURE_CLOCKSOURCE_STABLE_BIT != 0
-            && !self
-                .shared
-                .old_kvmclock_on_boot_vcpu
-                .load(Ordering::Relaxed)
-    }
-
-    /// x86, after each reset: the CPU model's TSC frequency (0: default;
-    /// the first vCPU's sets the VM's), advertised KVM feature bits, the
-    /// PMU (`PMU_*`) and the counting engine's state (reset here; null:
-    /// no engine, the PMU then only sees cycles). After an INIT
-    /// ([`ResetKind::Init`]) the PMU and the engine's state are kept.
-    pub fn x86_setup(
-        &self,
-        tsc_khz: u64,
-        kvm_features: u32,
-        pmu: u32,
-        counting: Option<CountingPtr>,
-    ) {
-        self.shared.set_tsc_khz(tsc_khz);
-        self.kvm_features.store(kvm_features, Ordering::Relaxed);
-        let n = self.shared.pmu_counters();
-        let config = if pmu & 0xff == PMU_INTEL {
-            PmuConfig {
-                gp: if n == 0 { PmuConfig::TCG.gp } else { n },
-                full_width_writes: pmu & PMU_FULL_WIDTH != 0,
-                ..PmuConfig::TCG
-            }
-        } else if pmu & 0xff == PMU_AMD {
-            let gp = if n == 0 { pmu::MAX_AMD_GP as u8 } else { n };
-            PmuConfig::amd(pmu & PMU_PERFCTR_CORE != 0, pmu & PMU_PERFMON_V2 != 0, gp)
-        } else {
-            PmuConfig::OFF
-        };
-        self.local(|l| {
-            let init = std::mem::take(&mut l.init_pending);
-            if init && l.pmu.config == config && l.counting == counting {
-                // INIT: the PMU keeps its registers and goes on counting
-                // (KVM has no PMU reset on INIT); tell the engine again
-                // what it needs, as QEMU's reset stopped counting blocks.
-                let ev = l.events(&self.shared, l.pmu.counts_cycles());
-                l.publish(&self.shared, &ev, 0, &self.routes);
-                return;
-            }
-            *l = Local {
-                pmu: Pmu::new(config),
-                counting,
-                ..Local::default()
-            };
-            if let Some(c) = l.counting() {
-                *c = Counting::default();
-            }
-        });
-    }
-
-    /// RDTSC: the guest TSC now.
-    pub fn rdtsc(&self) -> u64 {
-        let now = self.shared.virtual_ns();
-        self.lock().clock.tsc(self.shared.tsc_rate(), now)
-    }
-
-    /// The LVT timer register was written (`restore`: from a saved machine).
-    pub fn lvtt_write(&self, lvt: u32, restore: bool) {
-        let mut s = self.lock();
-        if restore {
-            s.clock.lvtt_mode = ((lvt >> clock::LVT_TIMER_MODE_SHIFT) & 3) as u8;
-            return;
-        }
-        let changed = s.clock.write_lvtt(lvt);
-        drop(s);
-        if changed == Timer::Changed {
-            self.shared.host.tsc_deadline_changed(self.index);
-        }
-    }
-
-    /// When the TSC-deadline timer is due (VM ns), if armed.
-    pub fn tsc_deadline_ns(&self) -> Option<u64> {
-        let now = self.shared.virtual_ns();
-        self.lock().clock.deadline_ns(self.shared.tsc_rate(), now)
-    }
-
-    /// The APIC timer went off: whether the deadline was reached (disarmed).
-    pub fn tsc_deadline_fire(&self) -> bool {
-        let now = self.shared.virtual_ns();
-        self.lock()
-            .clock
-            .deadline_expired(self.shared.tsc_rate(), now)
-    }
-
-    /// The MSRs QEMU saves.
-    pub fn save_msrs(&self) -> SavedMsrs {
-        let s = self.lock();
-        SavedMsrs {
-            steal_time: s.steal.msr,
-            tsc: s
-                .clock
-                .tsc(self.shared.tsc_rate(), self.shared.virtual_ns()),
-            tsc_adjust: s.clock.tsc_adjust,
-            tsc_deadline: s.clock.tsc_deadline,
-            system_time: s.clock.system_time_msr,
-            wall_clock: self.shared.wall_clock_msr.load(Ordering::Relaxed),
-            pmu: self.local(|l| {
-                let ev = l.events(&self.shared, l.pmu.counts_cycles());
-                l.pmu.save(&ev)
-            }),
-        }
-    }
-
-    /// Take them back after QEMU loaded the vCPU (loadvm, incoming
-    /// migration): host-initiated writes, which do not move TSC_ADJUST or
-    /// rewrite the wall clock; kvmclock is rewritten for the restored TSC.
-    pub fn load_msrs(&self, m: &SavedMsrs) {
-        self.load_steal_time_msr(m.steal_time);
-        let (rate, now) = (self.shared.tsc_rate(), self.shared.virtual_ns());
-        let mut s = self.lock();
-        s.clock.restore_tsc(rate, now, m.tsc);
-        s.clock.tsc_adjust = m.tsc_adjust;
-        s.clock.tsc_deadline = m.tsc_deadline;
-        s.clock.system_time_msr = m.system_time;
-        s.clock
-            .write_pvclock(&*self.shared.host, rate, self.kvmclock_stable());
-        self.shared
-            .wall_clock_msr
-            .store(m.wall_clock, Ordering::Relaxed);
-        drop(s);
-        self.local(|l| {
-            let ev = l.events(&self.shared, true);
-            l.pmu.load(&m.pmu, &ev);
-            l.publish(&self.shared, &ev, 0, &self.routes);
-        });
-    }
-
-    /// RDPMC (the CR4.PCE/CPL #GP rule has already been applied by QEMU).
-    pub fn rdpmc(&self, ecx: u32) -> Route<u64> {
-        bump(&self.routes.rdpmc);
-        if self.arch != Arch::X86_64 {
-            return Route::Unhandled;
-        }
-        self.local(|l| {
-            let ev = l.events(&self.shared, l.pmu.counts_cycles());
-            // With no PMU KVM's kvm_pmu_rdpmc fails too: #GP (TCG: #UD).
-            l.pmu.rdpmc(ecx, &ev).map_or(Route::Fault, Route::Handled)
-        })
-    }
-
-    /// A KVM hypercall (VMCALL/VMMCALL). IPIs are sent here; kicks and
-    /// yields are left to the accelerator.
-    #[inline]
-    pub fn hypercall(&self, call: hypercall::Call) -> hypercall::Outcome {
-        bump(&self.routes.hypercall);
-        hypercall::handle(call, self.pv_enforced(), &mut HypercallServices(self))
-    }
-
-    /// Record a KVM_HC_KICK_CPU aimed at this vCPU.
-    pub fn pv_kick(&self) {
-        self.pv_unhalt.store(true, Ordering::Release);
-    }
-
-    /// Consume a pending kick: true if one was pending.
-    pub fn take_pv_unhalt(&self) -> bool {
-        self.pv_unhalt.swap(false, Ordering::AcqRel)
-    }
-
-    /// HVC/SMC with x0..x7 on the PSCI conduit (either instruction: KVM
-    /// answers SMCCC on whichever conduit the machine describes); a handled
-    /// call returns x0..x3, anything else is PSCI's.
-    pub fn hvc_smc(&self, _is_smc: bool, regs: [u64; 8]) -> Route<[u64; 4]> {
-        bump(&self.routes.hvc_smc);
-        if self.arch != Arch::Aarch64 {
-            return Route::Unhandled;
-        }
-        match smccc::Call::decode(&regs) {
-            Some(call) => {
-                let mut svc = SmcccServices {
-                    state: &mut self.lock(),
-                    vcpu: self,
-                };
-                Route::Handled(smccc::handle(call, &mut svc))
-            }
-            None => Route::Unhandled,
-        }
-    }
-
-    /// The machine gives this vCPU its PV stolen-time structure (QEMU's
-    /// virt board, like `KVM_ARM_VCPU_PVTIME_IPA`).
-    pub fn set_pvtime_base(&self, ipa: u64) -> Result<(), PvTimeError> {
-        self.lock().pvtime.set_base(ipa)
-    }
-
-    /// Whether the guest uses PV stolen time (saved with the vCPU).
-    pub fn pvtime_active(&self) -> bool {
-        self.lock().pvtime.active != 0
-    }
-
-    /// Restore the guest's use of PV stolen time (loadvm, incoming
-    /// migration): updates resume without a new PV_TIME_ST, as under KVM,
-    /// and accounting restarts from the next entry.
-    pub fn load_pvtime_active(&self, active: bool) {
-        let mut s = self.lock();
-        s.pvtime.reset();
-        s.pvtime.active = u8::from(active && s.pvtime.available());
-    }
-
-    /// An access to the arm64 PMU register `encoding` (KVM `sys_reg()`):
-    /// Unhandled unless it is one and the vCPU has PMUv3.
-    fn arm_pmu_access<T>(
-        &self,
-        encoding: u32,
-        f: impl FnOnce(&mut Local, crate::arm::pmu::PmuReg, &crate::arm::pmu::Events) -> Route<T>,
-    ) -> Route<T> {
-        let Some(reg) = crate::arm::pmu::PmuReg::decode(encoding) else {
-            return Route::Unhandled;
-        };
-        self.local(|l| {
-            if !l.arm_pmu.present() {
-                return Route::Unhandled;
-            }
-            let ev = l.arm_events(&self.shared);
-            f(l, reg, &ev)
-        })
-    }
-
-    /// MRS of a PMU system register (KVM `sys_reg()` encoding) at `el`.
-    pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
-        bump(&self.routes.pmu_read);
-        self.arm_pmu_access(encoding, |l, reg, ev| {
-            l.arm_pmu
-                .read(reg, el.min(1) as u8, ev)
-                .map_or(Route::Fault, Route::Handled)
-        })
-    }
-
-    /// MSR of a PMU system register (KVM `sys_reg()` encoding) at `el`.
-    pub fn pmu_write(&self, encoding: u32, el: u32, value: u64) -> Route<()> {
-        bump(&self.routes.pmu_write);
-        self.arm_pmu_access(encoding, |l, reg, ev| {
-            match l.arm_pmu.write(reg, value, el.min(1) as u8, ev) {
-                Ok(fx) => {
-                    l.arm_publish(&self.shared, ev, fx.irq);
-                    Route::Handled(())
-                }
-                Err(_) => Route::Fault,
-            }
-        })
-    }
-
-    /// The x86 PMU this vCPU has, for `query-rustkvm`.
-    pub fn x86_pmu_shape(&self) -> crate::info::X86PmuShape {
-        self.local(|l| crate::info::X86PmuShape::from_config(l.pmu.config))
-    }
-
-    /// The arm64 PV time structure's IPA if the guest asked for it
-    /// (PV_TIME_ST since the last reset), else 0.
-    pub fn arm_pvtime_ipa(&self) -> u64 {
-        let s = self.lock();
-        if s.pvtime.active != 0 {
-            s.pvtime.base
-        } else {
-            0
-        }
-    }
-
-    /// What `query-rustkvm` reports for an arm64 vCPU: the PMU and PV time
-    /// from the models, the structure's bytes as read from guest memory
-    /// (None if unread), QEMU's timer registers.
-    pub fn arm_info(
-        &self,
-        pvtime: Option<&[u8; 64]>,
-        timers: crate::info::ArmTimers,
-    ) -> crate::info::VcpuInfo {
-        let ipa = self.arm_pvtime_ipa();
-        let regs = self.arm_pmu_save();
-        let config = self.local(|l| l.arm_pmu.config());
-        let pmu = config.counters.map(|n| crate::info::ArmPmu {
-            counters: usize::from(n),
-            v3p5: config.v3p5,
-            regs: &regs,
-        });
-        crate::info::arm(pmu, (ipa != 0, ipa, pvtime), timers)
-    }
-
-    /// Whether the vCPU has rustkvm's arm64 PMUv3.
-    pub fn arm_pmu_present(&self) -> bool {
-        self.local(|l| l.arm_pmu.present())
-    }
-
-    /// The arm64 PMU registers to save (the vCPU is stopped).
-    pub fn arm_pmu_save(&self) -> [u64; crate::arm::pmu::SAVED_REGS] {
-        self.local(|l| {
-            let ev = l.arm_events(&self.shared);
-            l.arm_pmu.save_regs(&ev)
-        })
-    }
-
-    /// Load saved arm64 PMU registers (the vCPU is stopped).
-    pub fn arm_pmu_load(&self, regs: &[u64; crate::arm::pmu::SAVED_REGS]) {
-        self.local(|l| {
-            let ev = l.arm_events(&self.shared);
-            let irq = l.arm_pmu.load_regs(regs, &ev).irq;
-            l.arm_publish(&self.shared, &ev, irq);
-        });
-    }
-
-    /// arm64, after each reset: the vCPU's PMUv3 (None: none; Some(n): n
-    /// event counters), PMUv3p5, and the counting engine's state (reset).
-    pub fn arm_setup(&self, counters: Option<u8>, v3p5: bool, counting: Option<CountingPtr>) {
-        self.local(|l| {
-            *l = Local {
-                arm_pmu: crate::arm::pmu::Pmu::new(crate::arm::pmu::PmuConfig { counters, v3p5 }),
-                counting,
-                ..Local::default()
-            };
-            if let Some(c) = l.counting() {
-                *c = Counting::default();
-            }
-        });
-    }
-}
-
-/// Host real time, ns since the Unix epoch.
-/// The x86 MSRs rustkvm implements besides the PMU's: everything else is
-/// TCG's, answered without taking the vCPU lock.
-fn owns_msr(index: u32) -> bool {
-    matches!(
-        index,
-        MSR_KVM_STEAL_TIME
-            | clock::MSR_IA32_TSC
-            | clock::MSR_IA32_TSC_ADJUST
-            | clock::MSR_IA32_TSC_DEADLINE
-            | clock::MSR_KVM_SYSTEM_TIME
-            | clock::MSR_KVM_SYSTEM_TIME_NEW
-            | clock::MSR_KVM_WALL_CLOCK
-            | clock::MSR_KVM_WALL_CLOCK_NEW
-    )
-}
-
-fn realtime_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// Host real time and VM time as one consistent pair, as KVM reads the
-/// host's clocks under one seqcount (`kvm_get_wall_clock_epoch`,
-/// `kvm_get_time_and_clockread`): of up to [`PAIR_TRIES`] rounds of reads
-/// real, VM, real, the first whose real-time reads lie within
-/// [`PAIR_GAP_NS`] of each other, else the closest one; real time is their
-/// midpoint. A host stall between two reads would otherwise move the
-/// guest's wall clock by the stall (seen: 160 ms ahead on a loaded host).
-fn real_and_vm_ns(mut real: impl FnMut() -> u64, mut vm: impl FnMut() -> u64) -> (u64, u64) {
-    let mut best = (u64::MAX, 0, 0);
-    for _ in 0..PAIR_TRIES {
-        let r1 = real();
-        let v = vm();
-        let r2 = real().max(r1);
-        let gap = r2 - r1;
-        if gap < best.0 {
-            best = (gap, r1 + gap / 2, v);
-        }
-        if gap <= PAIR_GAP_NS {
-            break;
-        }
-    }
-    (best.1, best.2)
-}
-
-/// Rounds [`real_and_vm_ns`] tries at most.
-const PAIR_TRIES: u32 = 8;
-/// A gap between the real-time reads that ends [`real_and_vm_ns`]'s tries.
-const PAIR_GAP_NS: u64 = 100_000;
-
-/// The vCPU as the hypercall handler sees it.
-struct HypercallServices<'a>(&'a Vcpu);
-
-impl hypercall::Services for HypercallServices<'_> {
-    fn send_ipi(&mut self, apic_id: u32, icr: u32) -> bool {
-        self.0.shared.host.send_ipi(apic_id, icr)
-    }
-
-    /// `struct kvm_clock_pairing` (64 bytes): sec, nsec, tsc, flags 0, pad.
-    fn clock_pairing(&mut self, gpa: u64) -> bool {
-        let v = self.0;
-        let (real, now) = real_and_vm_ns(realtime_ns, || v.shared.virtual_ns());
-        let tsc = v.lock().clock.tsc(v.shared.tsc_rate(), now);
-        let pairing = clock::KvmClockPairing {
-            sec: (real / 1_000_000_000) as i64,
-            nsec: (real % 1_000_000_000) as i64,
-            tsc,
-            ..Default::default()
-        };
-        v.shared.host.write(gpa, &pairing.to_bytes())
-    }
-}
-
-/// The vCPU as the SMCCC handler sees it.
-struct SmcccServices<'a> {
-    state: &'a mut VcpuState,
-    vcpu: &'a Vcpu,
-}
-
-impl smccc::Services for SmcccServices<'_> {
-    fn pv_time_available(&self) -> bool {
-        self.state.pvtime.available()
-    }
-    fn pv_time_init(&mut self) -> Option<u64> {
-        let base = self.state.pvtime.init(&*self.vcpu.shared.host)?;
-        // The first entry after this synchronises the clock.
-        self.vcpu.enter_steal(self.state);
-        Some(base)
-    }
-    fn random(&mut self, buf: &mut [u64; 3]) {
-        crate::host::random(buf);
     }
 }
 
@@ -1531,6 +714,8 @@ impl Drop for TestCounting {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn descheduled_means_off_the_cpu_now_after_a_real_wait() {
         let ms = 1_000_000;
@@ -1548,386 +733,18 @@ mod tests {
         assert!(!descheduled(2 * ms, false, 0), "no interval");
     }
 
-    use super::*;
-
-    #[test]
-    fn no_feature_claims_anything_yet() {
-        let v = Vcpu::new(0, Arch::X86_64);
-        assert_eq!(v.cpuid(0x4000_0000, 0, [1, 2, 3, 4]), Route::Unhandled);
-        assert_eq!(v.rdmsr(0x1b), Route::Unhandled);
-        assert_eq!(v.wrmsr(0x1b, 0x1001), Route::Unhandled);
-        assert_eq!(v.rdpmc(0x4000_0000), Route::Fault, "no PMU: #GP as KVM");
-        assert_eq!(v.rdmsr(0x188), Route::Fault, "no PMU: its MSRs #GP ...");
-        assert_eq!(v.wrmsr(0x38f, 1), Route::Fault);
-        assert_eq!(
-            v.rdmsr(0x186),
-            Route::Handled(0),
-            "... but the legacy ones read 0"
-        );
-        assert_eq!(
-            v.wrmsr(0xc1, 5),
-            Route::Handled(()),
-            "... and ignore writes"
-        );
-        assert_eq!(v.rdmsr(0xc1), Route::Handled(0));
-        let a = Vcpu::new(1, Arch::Aarch64);
-        assert_eq!(
-            a.hvc_smc(false, [0x8400_0000, 0, 0, 0, 0, 0, 0, 0]),
-            Route::Unhandled,
-            "PSCI_VERSION is QEMU's"
-        );
-        assert_eq!(a.pmu_read(0xdce0, 1), Route::Unhandled, "no PMUv3 set up");
-        assert_eq!(a.pmu_write(0xdce0, 1, 1), Route::Unhandled);
-    }
-
-    #[test]
-    fn the_pmu_reads_the_engines_totals_and_publishes_what_it_needs() {
-        let v = Vcpu::new(0, Arch::X86_64);
-        let c = TestCounting::new(Counting {
-            events: [7; 12],
-            budget: 3,
-            ..Counting::default()
-        });
-        v.x86_setup(0, 0, PMU_INTEL, c.ptr());
-        assert_eq!(c.get(), Counting::default(), "setup resets the engine");
-        let Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
-            panic!("CPUID 0xA is the PMU's");
-        };
-        assert_eq!(leaf[0] & 0xff, 2);
-        assert_eq!(v.rdmsr(0x345), Route::Fault, "no PDCM under TCG");
-        // PMC0 counts instructions at any CPL, with INT, 10 from the wrap.
-        let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | pmu::evtsel::INT | 0xc0;
-        assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
-        assert_eq!(v.wrmsr(0xc1, (-10i64) as u64), Route::Handled(()));
-        assert_eq!((c.get().active, c.get().budget), (1, 10));
-        c.update(|c| c.events[0] += 3);
-        c.update(|c| c.events[1] += 6);
-        assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_ffff));
-        c.update(|c| c.events[2] += 1);
-        assert_eq!(
-            v.rdpmc(0),
-            Route::Handled(0xffff_ffff_ffff),
-            "branches do not count"
-        );
-        c.update(|c| c.events[1] += 1);
-        v.pmu_due();
-        assert_eq!(c.get().pmi, 1, "wrapped on the 10th instruction");
-        assert_eq!(v.rdmsr(0x38e), Route::Handled(1), "GLOBAL_STATUS");
-        assert_eq!(v.rdpmc(0), Route::Handled(0));
-        assert_eq!(v.wrmsr(0x38f, 0), Route::Handled(()));
-        assert_eq!(
-            (c.get().active, c.get().budget),
-            (0, i64::MAX),
-            "GLOBAL_CTRL stops it"
-        );
-        v.x86_setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, c.ptr());
-        assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13), "PDCM: FW_WRITE");
-        assert_eq!(v.wrmsr(0x4c1, 1 << 40), Route::Handled(()), "full width");
-        assert_eq!(v.rdpmc(0), Route::Handled(1 << 40));
-        v.x86_setup(0, 0, PMU_NONE, None);
-        assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
-    }
-
-    #[test]
-    fn an_amd_pmu_shows_in_amds_leaves_and_not_in_intels() {
-        let v = Vcpu::new(0, Arch::X86_64);
-        let tcg = [0, 0, 1 << 23 | 1, 0];
-        // No PMU: PerfCtrExtCore is taken out of 0x80000001 ECX (as KVM).
-        assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Handled([0, 0, 1, 0]));
-        v.x86_setup(0, 0, PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2, None);
-        assert_eq!(v.cpuid(0x8000_0001, 0, tcg), Route::Unhandled);
-        assert_eq!(
-            v.cpuid(0x8000_0022, 0, [0; 4]),
-            Route::Handled([1, 6, 0, 0])
-        );
-        assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled, "no Intel leaf");
-        assert_eq!(
-            v.cpuid(1, 0, [0, 0, 1 << 15, 0]),
-            Route::Handled([0; 4]),
-            "no PDCM"
-        );
-        assert_eq!(v.rdmsr(0xc000_0301), Route::Handled(0x3f));
-        assert_eq!(v.rdmsr(0x38f), Route::Fault);
-        assert_eq!(v.rdpmc(5), Route::Handled(0));
-        assert_eq!(v.rdpmc(6), Route::Fault);
-        // Legacy only: 4 counters, no PerfMonV2 leaf, no extended MSRs.
-        v.x86_setup(0, 0, PMU_AMD, None);
-        assert_eq!(v.cpuid(0x8000_0022, 0, [0; 4]), Route::Unhandled);
-        assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0));
-        assert_eq!(v.rdmsr(0xc001_0200), Route::Fault);
-        assert_eq!(v.rdpmc(4), Route::Fault);
-    }
-
-    /// Found by the property tests: with PerfMonV2 and fewer than 4
-    /// counters, the K7 MSRs of the missing ones #GP (KVM's
-    /// `amd_is_valid_msr` claims the K7 range whenever the PMU exists, and
-    /// `amd_pmu_get_msr` / `amd_pmu_set_msr` find no counter); they read 0
-    /// only on a vCPU whose PMU does not claim them.
-    #[test]
-    fn amd_k7_msrs_of_counters_a_perfmon_v2_pmu_lacks_fault() {
-        let vm = crate::Vm::new(
-            crate::VmConfig::new(Arch::X86_64, 1, false)
-                .unwrap()
-                .with_pmu_counters(2)
-                .unwrap(),
-        );
-        let v = vm.create_vcpu(0).unwrap();
-        let v2 = PMU_AMD | PMU_PERFCTR_CORE | PMU_PERFMON_V2;
-        v.x86_setup(0, 0, v2, None);
-        assert_eq!(v.rdmsr(0xc001_0005), Route::Handled(0), "counter 1 exists");
-        for msr in [0xc001_0002, 0xc001_0003, 0xc001_0006, 0xc001_0007] {
-            assert_eq!(v.rdmsr(msr), Route::Fault, "{msr:#x}");
-            assert_eq!(v.wrmsr(msr, 0), Route::Fault, "{msr:#x}");
-        }
-        assert_eq!(v.rdmsr(0xc1), Route::Handled(0), "Intel's legacy MSRs: 0");
-        v.x86_setup(0, 0, PMU_NONE, None);
-        assert_eq!(v.rdmsr(0xc001_0007), Route::Handled(0), "no PMU: 0");
-    }
-
-    #[test]
-    fn the_arm64_pmu_reads_the_engines_totals_and_drives_the_interrupt_level() {
-        use crate::arm::pmu::{evtyper, pmcr};
-        let v = Vcpu::new(0, Arch::Aarch64);
-        let c = TestCounting::new(Counting::default());
-        v.arm_setup(Some(6), true, c.ptr());
-        // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
-        // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
-        let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =
-            (0xdce0, 0xdce1, 0xdce2, 0xc4f1, 0xc4f2, 0xdce3);
-        let (evtyper0, evcntr0) = (0xdf60, 0xdf40);
-        for (reg, value) in [
-            (cntenclr, u64::MAX),
-            (intenclr, u64::MAX),
-            (ovsclr, u64::MAX),
-        ] {
-            assert_eq!(v.pmu_write(reg, 1, value), Route::Handled(()));
-        }
-        assert_eq!(
-            v.pmu_write(evtyper0, 1, evtyper::P | 0x08),
-            Route::Handled(())
-        );
-        assert_eq!(v.pmu_write(evcntr0, 1, 0xffff_fff0), Route::Handled(()));
-        assert_eq!(v.pmu_write(cntenset, 1, 1), Route::Handled(()));
-        assert_eq!(v.pmu_write(intenset, 1, 1), Route::Handled(()));
-        assert_eq!(c.get().active, 0, "PMCR.E is 0");
-        assert_eq!(v.pmu_write(pmcr_el0, 1, pmcr::E), Route::Handled(()));
-        assert_eq!((c.get().active, c.get().budget, c.get().pmi), (1, 16, 0));
-        c.update(|c| c.events[0] += 10); // EL0 instructions count (P excludes EL1)
-        c.update(|c| c.events[1] += 99);
-        assert_eq!(v.pmu_read(evcntr0, 1), Route::Handled(0xffff_fffa));
-        c.update(|c| c.events[0] += 6);
-        v.pmu_due();
-        assert_eq!(
-            c.get().pmi,
-            1,
-            "overflow with its interrupt enabled: level high"
-        );
-        assert_eq!(
-            v.pmu_read(pmcr_el0, 0),
-            Route::Fault,
-            "EL0 needs PMUSERENR.EN"
-        );
-        assert_eq!(v.pmu_write(ovsclr, 1, 1), Route::Handled(()));
-        assert_eq!(c.get().pmi, 0, "level low again");
-    }
-
-    #[test]
-    fn steal_time_msr_is_kvms_and_reset_turns_it_off() {
-        let v = Vcpu::new(0, Arch::X86_64);
-        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
-        assert_eq!(
-            v.wrmsr(MSR_KVM_STEAL_TIME, 0x1002),
-            Route::Fault,
-            "reserved bit 1"
-        );
-        assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Handled(()));
-        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0x1001));
-        v.run_begin(); // no memory: nothing written, no crash
-        v.run_end(false);
-        v.reset(ResetKind::Cold);
-        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0));
-        let a = Vcpu::new(0, Arch::Aarch64);
-        assert_eq!(a.rdmsr(MSR_KVM_STEAL_TIME), Route::Unhandled);
-    }
-
-    #[test]
-    fn the_wall_clock_pair_skips_a_round_with_a_host_stall() {
-        // Round 1: stalled 160 ms between the real-time reads; round 2: not.
-        let reals = std::cell::RefCell::new(vec![1_000, 160_001_000, 200_000_000, 200_000_050]);
-        let vms = std::cell::RefCell::new(vec![500, 199_999_525]);
-        let next = |v: &std::cell::RefCell<Vec<u64>>| v.borrow_mut().remove(0);
-        let (real, vm) = real_and_vm_ns(|| next(&reals), || next(&vms));
-        assert_eq!((real, vm), (200_000_025, 199_999_525));
-        assert_eq!(real - vm, 500, "the epoch of the stall-free round");
-        // Always stalled: the closest round.
-        let mut t = 0u64;
-        let (real, _) = real_and_vm_ns(
-            || {
-                t += 1_000_000;
-                t
-            },
-            || 0,
-        );
-        assert_eq!(real, 1_500_000);
-    }
-
-    #[test]
-    #[should_panic(expected = "entered twice at once")]
-    fn a_vcpus_lock_free_state_cannot_be_entered_twice() {
-        // A re-entry (or a second thread) gets a panic, never a second
-        // `&mut Local`.
-        let v = Vcpu::new(0, Arch::X86_64);
-        v.local(|_| v.local(|_| ()));
-    }
-
-    /// QEMU's INIT as `do_cpu_init` drives it: the INIT, then the
-    /// `cpu_reset()` it emulates the rest with (a cold reset, then setup).
-    fn qemu_init(v: &Vcpu, features: u32, pmu: u32, c: &TestCounting) {
-        v.reset(ResetKind::Init);
-        v.reset(ResetKind::Cold);
-        v.x86_setup(0, features, pmu, c.ptr());
-    }
-
-    /// ... and its RESET: `cpu_reset()` alone.
-    fn qemu_reset(v: &Vcpu, features: u32, pmu: u32, c: &TestCounting) {
-        v.reset(ResetKind::Cold);
-        v.x86_setup(0, features, pmu, c.ptr());
-    }
-
-    #[test]
-    fn x86_init_keeps_the_pmu_and_tsc_and_turns_pv_areas_off_as_kvm() {
-        use crate::x86::clock::{MSR_IA32_TSC, MSR_IA32_TSC_ADJUST, MSR_KVM_SYSTEM_TIME_NEW};
-        use crate::x86::cpuid::KVM_DEFAULT_FEATURES;
-        let v = Vcpu::new(1, Arch::X86_64);
-        let c = TestCounting::new(Counting::default());
-        let features = KVM_DEFAULT_FEATURES;
-        qemu_reset(&v, features, PMU_INTEL, &c);
-        // PMC0: instructions at any CPL; PMC1: cycles with a PMI.
-        let insns = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::USR | 0xc0;
-        let cycles = insns | pmu::evtsel::INT | 0x3c;
-        assert_eq!(v.wrmsr(0x186, insns), Route::Handled(()));
-        assert_eq!(v.wrmsr(0xc1, 1_000), Route::Handled(()));
-        assert_eq!(v.wrmsr(0x187, cycles & !0xc0), Route::Handled(()));
-        assert_eq!(v.wrmsr(0x38f, 3), Route::Handled(()));
-        c.update(|c| c.events[1] += 50);
-        assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Handled(()));
-        assert_eq!(v.wrmsr(MSR_KVM_SYSTEM_TIME_NEW, 0x2001), Route::Handled(()));
-        assert_eq!(v.wrmsr(MSR_IA32_TSC, 1 << 40), Route::Handled(()));
-        let Route::Handled(adjust) = v.rdmsr(MSR_IA32_TSC_ADJUST) else {
-            panic!("TSC_ADJUST is rustkvm's");
-        };
-        v.pv_kick();
-
-        qemu_init(&v, features, PMU_INTEL, &c);
-        assert_eq!(
-            v.state().resets,
-            2,
-            "the INIT's own cpu_reset does not count"
-        );
-        assert_eq!(v.rdmsr(MSR_KVM_STEAL_TIME), Route::Handled(0), "steal off");
-        assert_eq!(
-            v.rdmsr(MSR_KVM_SYSTEM_TIME_NEW),
-            Route::Handled(0),
-            "kvmclock off"
-        );
-        assert!(!v.take_pv_unhalt());
-        assert_eq!(v.rdmsr(MSR_IA32_TSC), Route::Handled(1 << 40), "TSC kept");
-        assert_eq!(v.rdmsr(MSR_IA32_TSC_ADJUST), Route::Handled(adjust));
-        assert_eq!(v.rdmsr(0x186), Route::Handled(insns), "selects kept");
-        assert_eq!(v.rdmsr(0x187), Route::Handled(cycles & !0xc0));
-        assert_eq!(v.rdmsr(0x38f), Route::Handled(3), "GLOBAL_CTRL kept");
-        assert_eq!(v.rdpmc(0), Route::Handled(1_050), "PMC0 kept");
-        assert_eq!(
-            c.get().active,
-            1,
-            "the engine still counts (published again)"
-        );
-        c.update(|c| c.events[0] += 7);
-        assert_eq!(v.rdpmc(0), Route::Handled(1_057), "and goes on counting");
-
-        // A later RESET resets it all, and clears the VM's wall clock MSR
-        // (QEMU writes 0 into KVM's at reset when kvmclock is advertised).
-        let wall = crate::x86::clock::MSR_KVM_WALL_CLOCK_NEW;
-        assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
-        v.reset(ResetKind::Init);
-        v.reset(ResetKind::Cold);
-        assert_eq!(
-            v.rdmsr(wall),
-            Route::Handled(0x3000),
-            "INIT: the VM's, kept"
-        );
-        v.x86_setup(0, features, PMU_INTEL, c.ptr());
-        qemu_reset(&v, features, PMU_INTEL, &c);
-        assert_eq!(v.rdmsr(wall), Route::Handled(0), "RESET clears it");
-        assert_eq!(v.rdmsr(0x186), Route::Handled(0));
-        assert_eq!(v.rdpmc(0), Route::Handled(0));
-        assert_eq!((c.get().active, c.get().events), (0, [0; 12]));
-        assert_eq!(v.rdmsr(MSR_IA32_TSC_ADJUST), Route::Handled(0));
-        assert_eq!(v.state().resets, 4);
-        // Without kvmclock in CPUID, QEMU leaves KVM's wall clock alone.
-        qemu_reset(&v, 0, PMU_INTEL, &c);
-        assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
-        qemu_reset(&v, 0, PMU_INTEL, &c);
-        assert_eq!(v.rdmsr(wall), Route::Handled(0x3000));
-    }
-
-    #[test]
-    fn arm64_has_no_init_a_requested_one_is_a_reset() {
-        let a = Vcpu::new(0, Arch::Aarch64);
-        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
-        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
-        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
-        a.reset(ResetKind::Init);
-        assert!(!a.pvtime_active());
-        a.reset(ResetKind::Cold);
-        assert_eq!(a.state().resets, 2, "no INIT pending to swallow the reset");
-    }
-
-    #[test]
-    fn smccc_is_answered_on_arm64_and_pv_time_needs_the_machines_structure() {
-        let a = Vcpu::new(0, Arch::Aarch64);
-        let version = [0x8000_0000, 0, 0, 0, 0, 0, 0, 0];
-        assert_eq!(
-            a.hvc_smc(false, version),
-            Route::Handled([0x1_0001, 0, 0, 0])
-        );
-        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
-        assert_eq!(a.hvc_smc(false, st), Route::Handled([u64::MAX, 0, 0, 0]));
-        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
-        assert!(a.set_pvtime_base(0x90a_0080).is_err(), "set once");
-        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
-        assert!(a.pvtime_active());
-        a.reset(ResetKind::Cold);
-        assert!(!a.pvtime_active(), "reset forgets the guest's use");
-        a.load_pvtime_active(true);
-        assert!(a.pvtime_active(), "loadvm restores it");
-        let x = Vcpu::new(0, Arch::X86_64);
-        assert_eq!(x.hvc_smc(false, version), Route::Unhandled);
-        x.load_pvtime_active(true);
-        assert!(!x.pvtime_active(), "no structure, no PV time");
-    }
-
-    #[test]
-    fn kicks_are_remembered_until_consumed_once() {
-        let v = Vcpu::new(0, Arch::X86_64);
-        assert!(!v.take_pv_unhalt());
-        v.pv_kick();
-        v.pv_kick();
-        assert!(v.take_pv_unhalt());
-        assert!(!v.take_pv_unhalt(), "two kicks before a halt unhalt once");
-    }
-
     #[test]
     fn routes_and_resets_are_counted() {
         let v = Vcpu::new(3, Arch::X86_64);
+        let x = v.x86().unwrap();
         v.reset(ResetKind::Cold);
         v.reset(ResetKind::Cold);
-        v.cpuid(0, 0, [0; 4]);
-        v.rdmsr(0x1b);
-        v.rdmsr(0x1b);
-        v.wrmsr(0x1b, 0);
-        v.rdpmc(0);
-        assert_eq!(v.state().resets, 2);
+        x.cpuid(0, 0, [0; 4]);
+        x.rdmsr(0x1b);
+        x.rdmsr(0x1b);
+        x.wrmsr(0x1b, 0);
+        x.rdpmc(0);
+        assert_eq!(v.resets(), 2);
         assert_eq!(
             v.routes(),
             RouteCounts {

@@ -428,7 +428,7 @@ impl Vm {
                 "rustkvm: {} vcpu {}: resets={} {}\n",
                 self.config.arch.name(),
                 vcpu.index(),
-                vcpu.state().resets,
+                vcpu.resets(),
                 vcpu.routes()
             );
         }
@@ -628,8 +628,10 @@ mod tests {
         ));
         let vm = Vm::new(x86.with_pmu_counters(6).unwrap());
         let v = vm.create_vcpu(0).unwrap();
-        v.x86_setup(0, 0, crate::vcpu::PMU_INTEL, None);
-        let crate::vcpu::Route::Handled(leaf) = v.cpuid(0xa, 0, [0; 4]) else {
+        v.x86()
+            .unwrap()
+            .setup(0, 0, crate::x86::vcpu::PMU_INTEL, None);
+        let crate::vcpu::Route::Handled(leaf) = v.x86().unwrap().cpuid(0xa, 0, [0; 4]) else {
             panic!("CPUID 0xA");
         };
         assert_eq!((leaf[0] >> 8) & 0xff, 6, "GP counters in CPUID 0xA");
@@ -696,7 +698,7 @@ mod tests {
         let v1 = vm.create_vcpu(1).unwrap();
         vm.create_vcpu(0).unwrap();
         v1.reset(crate::vcpu::ResetKind::Cold);
-        assert_eq!(v1.rdmsr(0x1b), crate::Route::Unhandled);
+        assert_eq!(v1.x86().unwrap().rdmsr(0x1b), crate::Route::Unhandled);
         let report = vm.stats_report();
         let lines: Vec<&str> = report.lines().collect();
         assert_eq!(lines.len(), 2);
@@ -733,7 +735,7 @@ mod tests {
             u64::from_le_bytes(b)
         };
         assert_eq!(
-            v0.wrmsr(MSR_KVM_STEAL_TIME, GPA | 1),
+            v0.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         v0.run_begin();
@@ -764,7 +766,7 @@ mod tests {
         );
         let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
         for v in [&v0, &v1] {
-            v.x86_setup(0, STABLE, 0, None);
+            v.x86().unwrap().setup(0, STABLE, 0, None);
         }
         let flags = |gpa: u64| {
             let mut b = [0u8];
@@ -772,7 +774,10 @@ mod tests {
             b[0]
         };
         let wr = |v: &Vcpu, msr, value| {
-            assert_eq!(v.wrmsr(msr, value), crate::vcpu::Route::Handled(()));
+            assert_eq!(
+                v.x86().unwrap().wrmsr(msr, value),
+                crate::vcpu::Route::Handled(())
+            );
         };
         wr(&v1, MSR_KVM_SYSTEM_TIME_NEW, B | 1);
         wr(&v0, MSR_KVM_SYSTEM_TIME_NEW, A | 1);
@@ -841,7 +846,7 @@ mod tests {
         // takes its thread off the CPUs: in guest code, off the CPUs.
         host.call_as(T1);
         assert_eq!(
-            v1.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            v1.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         v1.run_begin();
@@ -944,7 +949,7 @@ mod tests {
         );
         host.call_as(T1);
         assert_eq!(
-            r1.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            r1.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         r1.run_begin();
@@ -971,7 +976,7 @@ mod tests {
             b[0]
         };
         assert_eq!(
-            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            v0.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         v0.run_begin();
@@ -1036,7 +1041,7 @@ mod tests {
         vm.set_running(true);
         let v0 = vm.create_vcpu(0).unwrap();
         assert_eq!(
-            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            v0.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         v0.run_begin();
@@ -1094,7 +1099,7 @@ mod tests {
         };
         assert_eq!(tick(true), Sampled::Unwatched, "steal time off");
         assert_eq!(
-            v0.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            v0.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         assert_eq!(tick(true), Sampled::Unwatched, "never ran");
@@ -1185,7 +1190,7 @@ mod tests {
         let only = lone.create_vcpu(0).unwrap();
         let only_ends = count_exits(&only);
         assert_eq!(
-            only.wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            only.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
             crate::vcpu::Route::Handled(())
         );
         only.run_begin();
@@ -1197,7 +1202,7 @@ mod tests {
         assert_eq!(sampler.nap, IDLE_SAMPLER_PERIOD);
         for (v, gpa) in [(&v0, ST_GPA), (&v1, ST_GPA + 0x40)] {
             assert_eq!(
-                v.wrmsr(MSR_KVM_STEAL_TIME, gpa | 1),
+                v.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, gpa | 1),
                 crate::vcpu::Route::Handled(())
             );
         }
@@ -1319,7 +1324,7 @@ mod tests {
         ];
         for (i, v) in vcpus.iter().enumerate() {
             assert_eq!(
-                v.wrmsr(MSR_KVM_STEAL_TIME, gpa(i) | 1),
+                v.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, gpa(i) | 1),
                 crate::vcpu::Route::Handled(())
             );
         }

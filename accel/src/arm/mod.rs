@@ -5,3 +5,4 @@
 pub mod pmu;
 pub mod pvtime;
 pub mod smccc;
+pub mod vcpu;

@@ -157,6 +157,46 @@ impl PvTime {
     }
 }
 
+impl crate::steal::StealArea for PvTime {
+    fn on(&self) -> bool {
+        self.active != 0
+    }
+    fn clock(&self) -> &StealClock {
+        &self.clock
+    }
+    fn enter(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+    ) {
+        PvTime::enter(self, mem, threading, now_ns, run_delay_ns);
+    }
+    fn exit(
+        &mut self,
+        _mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+        halted: bool,
+    ) {
+        PvTime::exit(self, threading, now_ns, run_delay_ns, halted);
+    }
+    /// No preempted flag: `descheduled` is never asked for.
+    fn sample(
+        &mut self,
+        mem: &dyn GuestMemory,
+        run_delay_ns: Option<u64>,
+        _descheduled: bool,
+    ) -> bool {
+        if let Some(rd) = run_delay_ns {
+            PvTime::sample(self, mem, rd);
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -298,10 +298,13 @@ impl World {
             let base = pvtime[i];
             given.push(match base {
                 Some(b) => {
-                    let r = v.set_pvtime_base(b);
+                    let r = v.arm().unwrap().set_pvtime_base(b);
                     assert_eq!(r.is_ok(), b % 64 == 0, "PV time base {b:#x}");
                     if r.is_ok() {
-                        assert!(v.set_pvtime_base(b ^ 64).is_err(), "set twice");
+                        assert!(
+                            v.arm().unwrap().set_pvtime_base(b ^ 64).is_err(),
+                            "set twice"
+                        );
                     }
                     r.ok().map(|()| b)
                 }
@@ -334,7 +337,10 @@ impl World {
     }
 
     fn setup(&mut self, i: usize) {
-        self.vcpus[i].arm_setup(self.pmu.0, self.pmu.1, self.counting[i].ptr());
+        self.vcpus[i]
+            .arm()
+            .unwrap()
+            .setup(self.pmu.0, self.pmu.1, self.counting[i].ptr());
     }
 
     fn active(&self) -> Vec<Region> {
@@ -369,7 +375,11 @@ impl World {
     /// PMSELR_EL0.SEL now.
     fn sel(&self, cpu: usize) -> u32 {
         let v = self.selr[cpu].unwrap_or_else(|| {
-            match self.vcpus[cpu].pmu_read(Reg::Selr.encoding(), 1) {
+            match self.vcpus[cpu]
+                .arm()
+                .unwrap()
+                .pmu_read(Reg::Selr.encoding(), 1)
+            {
                 Route::Handled(v) => v,
                 r => panic!("PMSELR_EL0 at EL1: {r:?}"),
             }
@@ -483,15 +493,15 @@ impl World {
             }
             Op::PmuDue { cpu } => self.vcpus[cpu].pmu_due(),
             Op::Save { cpu } => {
-                let regs = self.vcpus[cpu].arm_pmu_save();
-                let on = self.vcpus[cpu].pvtime_active();
+                let regs = self.vcpus[cpu].arm().unwrap().pmu_save();
+                let on = self.vcpus[cpu].arm().unwrap().pvtime_active();
                 prop_assert_eq!(on, self.pvtime_on[cpu], "saved PV time use");
                 self.saved.push((regs, on));
             }
             Op::Load { cpu, slot } => {
                 if let Some((regs, on)) = self.saved.get(slot).copied() {
-                    self.vcpus[cpu].arm_pmu_load(&regs);
-                    self.vcpus[cpu].load_pvtime_active(on);
+                    self.vcpus[cpu].arm().unwrap().pmu_load(&regs);
+                    self.vcpus[cpu].arm().unwrap().load_pvtime_active(on);
                     self.pvtime_on[cpu] = on && self.pvtime[cpu].is_some();
                     self.userenr[cpu] = regs[5] & 0xf;
                     self.selr[cpu] = Some(regs[4]);
@@ -549,14 +559,14 @@ impl World {
         } else {
             None
         };
-        let regs_before = v.arm_pmu_save();
+        let regs_before = v.arm().unwrap().pmu_save();
         let r = match value {
-            Some(x) => match v.pmu_write(enc, el, x) {
+            Some(x) => match v.arm().unwrap().pmu_write(enc, el, x) {
                 Route::Handled(()) => Route::Handled(0),
                 Route::Fault => Route::Fault,
                 Route::Unhandled => Route::Unhandled,
             },
-            None => v.pmu_read(enc, el),
+            None => v.arm().unwrap().pmu_read(enc, el),
         };
         if self.pmu.0.is_none() {
             prop_assert_eq!(r, Route::Unhandled, "{:?} without PMUv3", reg);
@@ -583,7 +593,11 @@ impl World {
                 "PMEVCNTR31: {:?}",
                 r
             );
-            prop_assert_eq!(v.arm_pmu_save(), regs_before, "PMEVCNTR31 changed the PMU");
+            prop_assert_eq!(
+                v.arm().unwrap().pmu_save(),
+                regs_before,
+                "PMEVCNTR31 changed the PMU"
+            );
             return Ok(());
         }
         if undef {
@@ -599,7 +613,7 @@ impl World {
                 self.n()
             );
             prop_assert_eq!(
-                v.arm_pmu_save(),
+                v.arm().unwrap().pmu_save(),
                 regs_before,
                 "an UNDEF {:?} changed the PMU",
                 reg
@@ -668,7 +682,7 @@ impl World {
         oneshot: &mut Vec<Region>,
     ) -> Result<(), TestCaseError> {
         self.host.sched.call_as(tid(cpu));
-        let r = self.vcpus[cpu].hvc_smc(smc, regs);
+        let r = self.vcpus[cpu].arm().unwrap().hvc_smc(smc, regs);
         const NOT_SUPPORTED: u64 = u64::MAX;
         let (f, arg) = (regs[0] as u32, regs[1] as u32);
         let base = self.pvtime[cpu];

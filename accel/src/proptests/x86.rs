@@ -12,11 +12,12 @@ use super::{check_counter, check_writes, edge_u64, gpa, tid, Host, Owner, Region
 use crate::host::tests::FakeThread;
 use crate::host::HostSched;
 use crate::vcpu::TestCounting;
-use crate::vcpu::{ResetKind, Route, SamplerView, SavedMsrs, Vcpu};
+use crate::vcpu::{ResetKind, Route, SamplerView, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::clock::{scale_delta, TscRate, PAGE_SIZE};
 use crate::x86::hypercall::Call;
 use crate::x86::pmu::Counting;
+use crate::x86::vcpu::SavedMsrs;
 
 // The MSRs, numbered as in Linux's msr-index.h and kvm_para.h.
 const STEAL: u32 = 0x4b56_4d03;
@@ -75,7 +76,7 @@ impl Shape {
 
     /// `Vcpu::x86_setup`'s `pmu` argument.
     fn setup_arg(self) -> u32 {
-        use crate::vcpu::*;
+        use crate::x86::vcpu::*;
         match self {
             Shape::Off => PMU_NONE,
             Shape::Intel { fw, .. } => PMU_INTEL | if fw { PMU_FULL_WIDTH } else { 0 },
@@ -520,13 +521,13 @@ impl World {
 
     /// QEMU's setup after a reset.
     fn setup(&mut self, i: usize) {
-        self.vcpus[i].x86_setup(
+        self.vcpus[i].x86().unwrap().setup(
             self.tsc_khz,
             self.features,
             self.shape.setup_arg(),
             self.counting[i].ptr(),
         );
-        self.vcpus[i].x86_enforce_pv_cpuid(self.enforce);
+        self.vcpus[i].x86().unwrap().enforce_pv_cpuid(self.enforce);
     }
 
     /// The structures registered now.
@@ -600,7 +601,7 @@ impl World {
         match *op {
             Op::Wrmsr { cpu, msr, value } => self.wrmsr(cpu, msr, value, &mut oneshot)?,
             Op::Rdmsr { cpu, msr } => {
-                let r = self.vcpus[cpu].rdmsr(msr);
+                let r = self.vcpus[cpu].x86().unwrap().rdmsr(msr);
                 self.check_rdmsr(cpu, msr, r)?;
             }
             Op::Rdpmc { cpu, ecx } => self.rdpmc(cpu, ecx)?,
@@ -657,16 +658,16 @@ impl World {
                 self.vcpus[cpu].pmu_due();
                 self.rdpmc(cpu, ecx)?;
             }
-            Op::Lvtt { cpu, mode } => self.vcpus[cpu].lvtt_write(mode << 17, false),
+            Op::Lvtt { cpu, mode } => self.vcpus[cpu].x86().unwrap().lvtt_write(mode << 17, false),
             Op::Save { cpu } => {
-                let m = self.vcpus[cpu].save_msrs();
+                let m = self.vcpus[cpu].x86().unwrap().save_msrs();
                 prop_assert_eq!(m.steal_time, self.steal[cpu], "saved steal-time MSR");
                 prop_assert_eq!(m.system_time, self.systime[cpu], "saved system-time MSR");
                 self.saved.push((m, self.steal[cpu], self.systime[cpu]));
             }
             Op::Load { cpu, slot } => {
                 if let Some((m, steal, systime)) = self.saved.get(slot).copied() {
-                    self.vcpus[cpu].load_msrs(&m);
+                    self.vcpus[cpu].x86().unwrap().load_msrs(&m);
                     self.steal[cpu] = steal;
                     self.systime[cpu] = systime;
                     self.wall = m.wall_clock;
@@ -717,7 +718,7 @@ impl World {
         let pv = move |f: u32| !enforce || features & f != 0;
         match msr {
             STEAL => {
-                let r = v.wrmsr(msr, value);
+                let r = v.x86().unwrap().wrmsr(msr, value);
                 // kvm_set_msr_common: #GP without the feature (enforced) or
                 // with KVM_STEAL_RESERVED_MASK (bits 1..5); the MSR is left.
                 if !pv(STEAL_TIME) || value & 0x3e != 0 {
@@ -730,7 +731,7 @@ impl World {
                     self.steal[cpu] = value;
                 }
                 if pv(STEAL_TIME) {
-                    prop_assert_eq!(v.rdmsr(msr), Route::Handled(self.steal[cpu]));
+                    prop_assert_eq!(v.x86().unwrap().rdmsr(msr), Route::Handled(self.steal[cpu]));
                 }
             }
             SYSTEM_TIME | SYSTEM_TIME_NEW => {
@@ -739,14 +740,14 @@ impl World {
                 } else {
                     CLOCKSOURCE2
                 };
-                let r = v.wrmsr(msr, value);
+                let r = v.x86().unwrap().wrmsr(msr, value);
                 if !pv(f) {
                     prop_assert_eq!(r, Route::Fault);
                 } else {
                     // kvm_write_system_time: any value; vCPU 0's choice of
                     // MSR is the VM's boot_vcpu_runs_old_kvmclock.
                     prop_assert_eq!(r, Route::Handled(()));
-                    prop_assert_eq!(v.rdmsr(msr), Route::Handled(value));
+                    prop_assert_eq!(v.x86().unwrap().rdmsr(msr), Route::Handled(value));
                     self.systime[cpu] = value;
                     if cpu == 0 {
                         self.boot_old = msr == SYSTEM_TIME;
@@ -759,7 +760,7 @@ impl World {
                 } else {
                     CLOCKSOURCE2
                 };
-                let r = v.wrmsr(msr, value);
+                let r = v.x86().unwrap().wrmsr(msr, value);
                 if !pv(f) {
                     prop_assert_eq!(r, Route::Fault);
                 } else {
@@ -769,20 +770,20 @@ impl World {
                     oneshot.push(Region::new(value, 12));
                     self.registry.add(Owner::WallClock, Region::new(value, 12));
                     for other in &self.vcpus {
-                        prop_assert_eq!(other.rdmsr(msr), Route::Handled(value));
+                        prop_assert_eq!(other.x86().unwrap().rdmsr(msr), Route::Handled(value));
                     }
                 }
             }
             0x4b56_4d02 | 0x4b56_4d04 | 0x4b56_4d05 => {
-                let r = v.wrmsr(msr, value);
+                let r = v.x86().unwrap().wrmsr(msr, value);
                 if !pv(other_pv_feature(msr)) {
                     prop_assert_eq!(r, Route::Fault);
                 }
             }
             TSC | TSC_ADJUST => {
-                prop_assert_eq!(v.wrmsr(msr, value), Route::Handled(()));
+                prop_assert_eq!(v.x86().unwrap().wrmsr(msr, value), Route::Handled(()));
                 if msr == TSC_ADJUST {
-                    prop_assert_eq!(v.rdmsr(msr), Route::Handled(value));
+                    prop_assert_eq!(v.x86().unwrap().rdmsr(msr), Route::Handled(value));
                 }
             }
             _ => self.pmu_wrmsr(cpu, msr, value)?,
@@ -795,16 +796,16 @@ impl World {
         let class = classify(self.shape, msr);
         let readable = !matches!(class, Pmsr::Invalid | Pmsr::Other)
             && (class != Pmsr::PerfCaps || matches!(self.shape, Shape::Intel { fw: true, .. }));
-        let old = v.rdmsr(msr);
+        let old = v.x86().unwrap().rdmsr(msr);
         let status_msr = match self.shape {
             Shape::Amd { v2: true, .. } => Some(0xc000_0300),
             Shape::Intel { .. } => Some(0x38e),
             _ => None,
         };
-        let status = |v: &Vcpu| status_msr.map(|m| v.rdmsr(m));
+        let status = |v: &Vcpu| status_msr.map(|m| v.x86().unwrap().rdmsr(m));
         let status_old = status(&v);
-        let r = v.wrmsr(msr, value);
-        let after = v.rdmsr(msr);
+        let r = v.x86().unwrap().wrmsr(msr, value);
+        let after = v.x86().unwrap().rdmsr(msr);
         let mask48 = (1u64 << 48) - 1;
         let shape = self.shape;
         let gp = (1u64 << shape.gp()) - 1;
@@ -960,7 +961,7 @@ impl World {
     /// else #GPs (`intel_rdpmc_ecx_to_pmc`); AMD an index below the count
     /// (`amd_check_rdpmc_early`).
     fn rdpmc(&mut self, cpu: usize, ecx: u32) -> Result<(), TestCaseError> {
-        let r = self.vcpus[cpu].rdpmc(ecx);
+        let r = self.vcpus[cpu].x86().unwrap().rdpmc(ecx);
         let n = self.shape.gp();
         let idx = (ecx & 0xffff) as usize;
         let ctr = match self.shape {
@@ -991,7 +992,7 @@ impl World {
         call: Call,
         oneshot: &mut Vec<Region>,
     ) -> Result<(), TestCaseError> {
-        let out = self.vcpus[cpu].hypercall(call);
+        let out = self.vcpus[cpu].x86().unwrap().hypercall(call);
         let mask = if call.long_mode {
             u64::MAX
         } else {
@@ -1075,7 +1076,7 @@ impl World {
             let sys = u64::from_le_bytes(b[16..24].try_into().unwrap());
             let mul = u32::from_le_bytes(b[24..28].try_into().unwrap());
             let (shift, flags) = (b[28] as i8, b[29]);
-            let tsc = self.vcpus[i].rdtsc();
+            let tsc = self.vcpus[i].x86().unwrap().rdtsc();
             let ns = sys.wrapping_add(scale_delta(tsc.wrapping_sub(tsc_ts), mul, shift));
             if let Some(then) = self.clock_seen[i] {
                 prop_assert!(

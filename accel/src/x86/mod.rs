@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod hypercall;
 pub mod pmu;
 pub mod steal;
+pub mod vcpu;
 
 use thiserror::Error;
 

@@ -232,6 +232,51 @@ impl StealTime {
     }
 }
 
+impl crate::steal::StealArea for StealTime {
+    fn on(&self) -> bool {
+        self.enabled()
+    }
+    fn clock(&self) -> &StealClock {
+        &self.clock
+    }
+    fn enter(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+    ) {
+        StealTime::enter(self, mem, threading, now_ns, run_delay_ns);
+    }
+    fn exit(
+        &mut self,
+        mem: &dyn GuestMemory,
+        threading: Threading,
+        now_ns: u64,
+        run_delay_ns: u64,
+        halted: bool,
+    ) {
+        StealTime::exit(self, mem, threading, now_ns, run_delay_ns, halted);
+    }
+    fn sample(
+        &mut self,
+        mem: &dyn GuestMemory,
+        run_delay_ns: Option<u64>,
+        descheduled: bool,
+    ) -> bool {
+        StealTime::sample(self, mem, run_delay_ns, descheduled)
+    }
+    fn has_preempted_flag(&self) -> bool {
+        true
+    }
+    fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
+        StealTime::clear_preempted(self, mem);
+    }
+    fn mark_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
+        StealTime::mark_preempted(self, mem)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,446 @@
+//! An arm64 vCPU: its state and the routing points QEMU calls on it (PMU
+//! system registers, HVC/SMC, PV stolen time).
+//!
+//! One dispatch per register space: a system register access reaches the
+//! PMU if [`PmuReg::decode`] knows its encoding (no other arm64 model owns
+//! system registers), else it is TCG's; an HVC/SMC reaches the one SMCCC
+//! service its function ID names ([`smccc::Call::decode`], [`smccc::handle`]),
+//! else it is QEMU's PSCI.
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::arm::pmu::{self, PmuReg};
+use crate::arm::pvtime::{PvTime, PvTimeError};
+use crate::arm::smccc;
+use crate::vcpu::{bump, CountingPtr, LocalCell, PmuClock, Route, Unhalted, Vcpu};
+use crate::vm::Shared;
+use crate::x86::pmu::Counting;
+
+/// `RustkvmCounting.active` (arm64): a counter counts instructions,
+/// branches or memory events; the engine translates counting blocks.
+pub const ACTIVE_RETIRED: u32 = 1;
+/// ... a counter counts memory events: blocks add their loads and stores.
+pub const ACTIVE_MEM: u32 = 2;
+/// ... a counter counts exceptions taken: QEMU adds each and calls back.
+pub const ACTIVE_EXC: u32 = 4;
+
+/// An arm64 vCPU's lock-free state (see [`LocalCell`]): the PMUv3.
+#[derive(Debug)]
+pub(crate) struct ArmLocal {
+    /// PMUv3 registers.
+    pmu: pmu::Pmu,
+    /// Its unhalted cycles.
+    unhalted: Unhalted,
+    /// The counting engine's state in QEMU's CPU state (None: none).
+    counting: Option<CountingPtr>,
+}
+
+impl Default for ArmLocal {
+    fn default() -> Self {
+        ArmLocal {
+            pmu: pmu::Pmu::new(pmu::PmuConfig {
+                counters: None,
+                v3p5: false,
+            }),
+            unhalted: Unhalted::default(),
+            counting: None,
+        }
+    }
+}
+
+impl PmuClock for ArmLocal {
+    fn has_pmu(&self) -> bool {
+        self.pmu.present()
+    }
+    fn unhalted(&mut self) -> &mut Unhalted {
+        &mut self.unhalted
+    }
+}
+
+impl ArmLocal {
+    /// The counting engine's state, if QEMU gave it.
+    fn counting(&mut self) -> Option<&mut Counting> {
+        // SAFETY: `self` is borrowed from the vCPU's `LocalCell::with`, and
+        // the one reference made here lives no longer than that borrow.
+        self.counting.map(|p| unsafe { p.get() })
+    }
+
+    /// The PMU's event totals now.
+    fn events(&mut self, shared: &Shared) -> pmu::Events {
+        let cycles = self.unhalted.cycles(shared);
+        let e = self.counting().map_or([0; 12], |c| c.events);
+        pmu::Events {
+            instructions: [e[0], e[1]],
+            branches: [e[2], e[3]],
+            mem_accesses: [e[4], e[5]],
+            loads: [e[6], e[7]],
+            stores: [e[8], e[9]],
+            exceptions: [e[10], e[11]],
+            cycles,
+        }
+    }
+
+    /// Tell the engine what the PMU needs now: whether blocks count, the
+    /// next PMI budget, the interrupt's level, when a cycle counter can
+    /// overflow.
+    fn publish(&mut self, shared: &Shared, ev: &pmu::Events, irq: bool) {
+        let deadline = self.pmu.cycles_until_overflow(ev).map_or(-1, |ticks| {
+            let ns = shared
+                .virtual_ns()
+                .saturating_add(shared.tsc_rate().ns_for(ticks));
+            i64::try_from(ns).unwrap_or(i64::MAX)
+        });
+        let p = &self.pmu;
+        let active = if p.counts_retired() {
+            ACTIVE_RETIRED
+        } else {
+            0
+        } | if p.counts_mem() { ACTIVE_MEM } else { 0 }
+            | if p.counts_exceptions() { ACTIVE_EXC } else { 0 };
+        let budget = p.until_overflow(ev);
+        if let Some(c) = self.counting() {
+            c.cycles_deadline_ns = deadline;
+            c.active = active;
+            c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+            c.pmi = u32::from(irq);
+        }
+    }
+}
+
+/// An arm64 vCPU's own state (the core is [`Vcpu`]).
+#[derive(Debug, Default)]
+pub struct ArmVcpu {
+    // PV stolen time, under the vCPU's lock: the vCPU's thread and the
+    // sampler.
+    pvtime: Mutex<PvTime>,
+    // The PMU, without a lock (see LocalCell).
+    pub(crate) local: LocalCell<ArmLocal>,
+}
+
+impl ArmVcpu {
+    /// PV stolen time under the lock.
+    pub(crate) fn lock_pvtime(&self) -> MutexGuard<'_, PvTime> {
+        self.pvtime.lock()
+    }
+}
+
+/// An arm64 vCPU's routing points: the core and the arm64 state together
+/// ([`Vcpu::arm`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Arm<'a> {
+    vcpu: &'a Vcpu,
+    a: &'a ArmVcpu,
+}
+
+impl<'a> Arm<'a> {
+    pub(crate) fn new(vcpu: &'a Vcpu, a: &'a ArmVcpu) -> Self {
+        Arm { vcpu, a }
+    }
+
+    fn shared(&self) -> &'a Shared {
+        &self.vcpu.shared
+    }
+
+    /// The lock-free part (see [`LocalCell`]); `f` must not call back into
+    /// it (that panics).
+    fn local<R>(&self, f: impl FnOnce(&mut ArmLocal) -> R) -> R {
+        self.a.local.with(f)
+    }
+
+    /// A reset (arm64 has no INIT: a requested one is a reset), as KVM's
+    /// `kvm_reset_vcpu`: PV stolen time is off until the guest asks again.
+    /// The PMU is reset by the setup that follows ([`Arm::setup`]).
+    /// Returns whether the reset counts as one (always).
+    pub(crate) fn reset(&self) -> bool {
+        self.a.lock_pvtime().reset();
+        true
+    }
+
+    /// HVC/SMC with x0..x7 on the PSCI conduit (either instruction: KVM
+    /// answers SMCCC on whichever conduit the machine describes); a handled
+    /// call returns x0..x3, anything else is PSCI's.
+    pub fn hvc_smc(&self, _is_smc: bool, regs: [u64; 8]) -> Route<[u64; 4]> {
+        bump(&self.vcpu.routes.hvc_smc);
+        match smccc::Call::decode(&regs) {
+            Some(call) => {
+                let mut svc = SmcccServices {
+                    pvtime: &mut self.a.lock_pvtime(),
+                    vcpu: self.vcpu,
+                };
+                Route::Handled(smccc::handle(call, &mut svc))
+            }
+            None => Route::Unhandled,
+        }
+    }
+
+    /// The machine gives this vCPU its PV stolen-time structure (QEMU's
+    /// virt board, like `KVM_ARM_VCPU_PVTIME_IPA`).
+    pub fn set_pvtime_base(&self, ipa: u64) -> Result<(), PvTimeError> {
+        self.a.lock_pvtime().set_base(ipa)
+    }
+
+    /// Whether the guest uses PV stolen time (saved with the vCPU).
+    pub fn pvtime_active(&self) -> bool {
+        self.a.lock_pvtime().active != 0
+    }
+
+    /// Restore the guest's use of PV stolen time (loadvm, incoming
+    /// migration): updates resume without a new PV_TIME_ST, as under KVM,
+    /// and accounting restarts from the next entry.
+    pub fn load_pvtime_active(&self, active: bool) {
+        let mut p = self.a.lock_pvtime();
+        p.reset();
+        p.active = u8::from(active && p.available());
+    }
+
+    /// The PV time structure's IPA if the guest asked for it (PV_TIME_ST
+    /// since the last reset), else 0.
+    pub fn pvtime_ipa(&self) -> u64 {
+        let p = self.a.lock_pvtime();
+        if p.active != 0 {
+            p.base
+        } else {
+            0
+        }
+    }
+
+    /// An access to the PMU register `encoding` (KVM `sys_reg()`):
+    /// Unhandled unless it is one and the vCPU has PMUv3.
+    fn pmu_access<T>(
+        &self,
+        encoding: u32,
+        f: impl FnOnce(&mut ArmLocal, PmuReg, &pmu::Events) -> Route<T>,
+    ) -> Route<T> {
+        let Some(reg) = PmuReg::decode(encoding) else {
+            return Route::Unhandled;
+        };
+        let shared = self.shared();
+        self.local(|l| {
+            if !l.pmu.present() {
+                return Route::Unhandled;
+            }
+            let ev = l.events(shared);
+            f(l, reg, &ev)
+        })
+    }
+
+    /// MRS of a PMU system register (KVM `sys_reg()` encoding) at `el`.
+    pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
+        bump(&self.vcpu.routes.pmu_read);
+        self.pmu_access(encoding, |l, reg, ev| {
+            l.pmu
+                .read(reg, el.min(1) as u8, ev)
+                .map_or(Route::Fault, Route::Handled)
+        })
+    }
+
+    /// MSR of a PMU system register (KVM `sys_reg()` encoding) at `el`.
+    pub fn pmu_write(&self, encoding: u32, el: u32, value: u64) -> Route<()> {
+        bump(&self.vcpu.routes.pmu_write);
+        let shared = self.shared();
+        self.pmu_access(encoding, |l, reg, ev| {
+            match l.pmu.write(reg, value, el.min(1) as u8, ev) {
+                Ok(fx) => {
+                    l.publish(shared, ev, fx.irq);
+                    Route::Handled(())
+                }
+                Err(_) => Route::Fault,
+            }
+        })
+    }
+
+    /// The PMI budget ran out (see `rustkvm_arm_pmu_due`): sync, publish.
+    pub(crate) fn pmu_due(&self) {
+        let shared = self.shared();
+        self.local(|l| {
+            let ev = l.events(shared);
+            let irq = l.pmu.sync(&ev).irq;
+            l.publish(shared, &ev, irq);
+        });
+    }
+
+    /// What `query-rustkvm` reports for the vCPU: the PMU and PV time from
+    /// the models, the structure's bytes as read from guest memory (None if
+    /// unread), QEMU's timer registers.
+    pub fn info(
+        &self,
+        pvtime: Option<&[u8; 64]>,
+        timers: crate::info::ArmTimers,
+    ) -> crate::info::VcpuInfo {
+        let ipa = self.pvtime_ipa();
+        let regs = self.pmu_save();
+        let config = self.local(|l| l.pmu.config());
+        let pmu = config.counters.map(|n| crate::info::ArmPmu {
+            counters: usize::from(n),
+            v3p5: config.v3p5,
+            regs: &regs,
+        });
+        crate::info::arm(pmu, (ipa != 0, ipa, pvtime), timers)
+    }
+
+    /// Whether the vCPU has rustkvm's PMUv3.
+    pub fn pmu_present(&self) -> bool {
+        self.local(|l| l.pmu.present())
+    }
+
+    /// The PMU registers to save (the vCPU is stopped).
+    pub fn pmu_save(&self) -> [u64; pmu::SAVED_REGS] {
+        let shared = self.shared();
+        self.local(|l| {
+            let ev = l.events(shared);
+            l.pmu.save_regs(&ev)
+        })
+    }
+
+    /// Load saved PMU registers (the vCPU is stopped).
+    pub fn pmu_load(&self, regs: &[u64; pmu::SAVED_REGS]) {
+        let shared = self.shared();
+        self.local(|l| {
+            let ev = l.events(shared);
+            let irq = l.pmu.load_regs(regs, &ev).irq;
+            l.publish(shared, &ev, irq);
+        });
+    }
+
+    /// After each reset: the vCPU's PMUv3 (None: none; Some(n): n event
+    /// counters), PMUv3p5, and the counting engine's state (reset).
+    pub fn setup(&self, counters: Option<u8>, v3p5: bool, counting: Option<CountingPtr>) {
+        self.local(|l| {
+            *l = ArmLocal {
+                pmu: pmu::Pmu::new(pmu::PmuConfig { counters, v3p5 }),
+                counting,
+                ..ArmLocal::default()
+            };
+            if let Some(c) = l.counting() {
+                *c = Counting::default();
+            }
+        });
+    }
+}
+
+/// The vCPU as the SMCCC handler sees it.
+struct SmcccServices<'a> {
+    pvtime: &'a mut PvTime,
+    vcpu: &'a Vcpu,
+}
+
+impl smccc::Services for SmcccServices<'_> {
+    fn pv_time_available(&self) -> bool {
+        self.pvtime.available()
+    }
+    fn pv_time_init(&mut self) -> Option<u64> {
+        let base = self.pvtime.init(&*self.vcpu.shared.host)?;
+        // The first entry after this synchronises the clock.
+        self.vcpu.enter_steal(self.pvtime);
+        Some(base)
+    }
+    fn random(&mut self, buf: &mut [u64; 3]) {
+        crate::host::random(buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vcpu::{ResetKind, TestCounting};
+    use crate::vm::Arch;
+
+    #[test]
+    fn no_feature_claims_anything_yet() {
+        let vcpu = Vcpu::new(1, Arch::Aarch64);
+        let a = vcpu.arm().unwrap();
+        assert_eq!(
+            a.hvc_smc(false, [0x8400_0000, 0, 0, 0, 0, 0, 0, 0]),
+            Route::Unhandled,
+            "PSCI_VERSION is QEMU's"
+        );
+        assert_eq!(a.pmu_read(0xdce0, 1), Route::Unhandled, "no PMUv3 set up");
+        assert_eq!(a.pmu_write(0xdce0, 1, 1), Route::Unhandled);
+    }
+
+    #[test]
+    fn the_arm64_pmu_reads_the_engines_totals_and_drives_the_interrupt_level() {
+        use crate::arm::pmu::{evtyper, pmcr};
+        let vcpu = Vcpu::new(0, Arch::Aarch64);
+        let v = vcpu.arm().unwrap();
+        let c = TestCounting::new(Counting::default());
+        v.setup(Some(6), true, c.ptr());
+        // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
+        // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
+        let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =
+            (0xdce0, 0xdce1, 0xdce2, 0xc4f1, 0xc4f2, 0xdce3);
+        let (evtyper0, evcntr0) = (0xdf60, 0xdf40);
+        for (reg, value) in [
+            (cntenclr, u64::MAX),
+            (intenclr, u64::MAX),
+            (ovsclr, u64::MAX),
+        ] {
+            assert_eq!(v.pmu_write(reg, 1, value), Route::Handled(()));
+        }
+        assert_eq!(
+            v.pmu_write(evtyper0, 1, evtyper::P | 0x08),
+            Route::Handled(())
+        );
+        assert_eq!(v.pmu_write(evcntr0, 1, 0xffff_fff0), Route::Handled(()));
+        assert_eq!(v.pmu_write(cntenset, 1, 1), Route::Handled(()));
+        assert_eq!(v.pmu_write(intenset, 1, 1), Route::Handled(()));
+        assert_eq!(c.get().active, 0, "PMCR.E is 0");
+        assert_eq!(v.pmu_write(pmcr_el0, 1, pmcr::E), Route::Handled(()));
+        assert_eq!((c.get().active, c.get().budget, c.get().pmi), (1, 16, 0));
+        c.update(|c| c.events[0] += 10); // EL0 instructions count (P excludes EL1)
+        c.update(|c| c.events[1] += 99);
+        assert_eq!(v.pmu_read(evcntr0, 1), Route::Handled(0xffff_fffa));
+        c.update(|c| c.events[0] += 6);
+        v.pmu_due();
+        assert_eq!(
+            c.get().pmi,
+            1,
+            "overflow with its interrupt enabled: level high"
+        );
+        assert_eq!(
+            v.pmu_read(pmcr_el0, 0),
+            Route::Fault,
+            "EL0 needs PMUSERENR.EN"
+        );
+        assert_eq!(v.pmu_write(ovsclr, 1, 1), Route::Handled(()));
+        assert_eq!(c.get().pmi, 0, "level low again");
+    }
+
+    #[test]
+    fn arm64_has_no_init_a_requested_one_is_a_reset() {
+        let vcpu = Vcpu::new(0, Arch::Aarch64);
+        let a = vcpu.arm().unwrap();
+        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
+        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
+        vcpu.reset(ResetKind::Init);
+        assert!(!a.pvtime_active());
+        vcpu.reset(ResetKind::Cold);
+        assert_eq!(vcpu.resets(), 2, "no INIT pending to swallow the reset");
+    }
+
+    #[test]
+    fn smccc_is_answered_on_arm64_and_pv_time_needs_the_machines_structure() {
+        let vcpu = Vcpu::new(0, Arch::Aarch64);
+        let a = vcpu.arm().unwrap();
+        let version = [0x8000_0000, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            a.hvc_smc(false, version),
+            Route::Handled([0x1_0001, 0, 0, 0])
+        );
+        let st = [0xc500_0021, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(a.hvc_smc(false, st), Route::Handled([u64::MAX, 0, 0, 0]));
+        assert!(a.set_pvtime_base(0x90a_0040).is_ok());
+        assert!(a.set_pvtime_base(0x90a_0080).is_err(), "set once");
+        assert_eq!(a.hvc_smc(true, st), Route::Handled([0x90a_0040, 0, 0, 0]));
+        assert!(a.pvtime_active());
+        vcpu.reset(ResetKind::Cold);
+        assert!(!a.pvtime_active(), "reset forgets the guest's use");
+        a.load_pvtime_active(true);
+        assert!(a.pvtime_active(), "loadvm restores it");
+        assert!(
+            Vcpu::new(0, Arch::X86_64).arm().is_none(),
+            "no SMCCC on x86"
+        );
+    }
+}
