@@ -1,4 +1,4 @@
-//! Errors of the accelerator layer.
+//! Errors of the accelerator layer (a leaf: it names no other module).
 
 use thiserror::Error;
 
@@ -9,8 +9,13 @@ pub enum AccelError {
     #[error("unknown target architecture {0} (rustkvm supports x86_64 and aarch64)")]
     UnknownArch(u32),
     /// The machine asked for no vCPUs or more than rustkvm supports.
-    #[error("invalid vCPU count {0} (1..={max})", max = crate::vm::MAX_VCPUS)]
-    InvalidCpuCount(u32),
+    #[error("invalid vCPU count {count} (1..={max})")]
+    InvalidCpuCount {
+        /// The count asked for.
+        count: u32,
+        /// The most rustkvm supports.
+        max: u32,
+    },
     /// `rustkvm_machine_init` was called twice in one process.
     #[error("a rustkvm machine already exists in this process")]
     MachineExists,
@@ -34,8 +39,13 @@ pub enum AccelError {
         arch: &'static str,
     },
     /// `pmu-counters` outside what KVM offers.
-    #[error("pmu-counters={0}: the PMU has 1 to {max} general-purpose counters", max = crate::x86::pmu::MAX_GP)]
-    InvalidPmuCounters(u32),
+    #[error("pmu-counters={count}: the PMU has 1 to {max} general-purpose counters")]
+    InvalidPmuCounters {
+        /// The count asked for.
+        count: u32,
+        /// The most the PMU offers.
+        max: u32,
+    },
     /// Two live vCPUs with one index.
     #[error("vCPU {0} already exists")]
     VcpuExists(u32),

@@ -59,9 +59,9 @@ fn arch_from_c(arch: u32) -> Result<Arch, AccelError> {
 fn error_code(err: AccelError) -> i32 {
     match err {
         AccelError::UnknownArch(_) => header::RUSTKVM_EINVAL_ARCH,
-        AccelError::InvalidCpuCount(_) => header::RUSTKVM_EINVAL_CPUS,
+        AccelError::InvalidCpuCount { .. } => header::RUSTKVM_EINVAL_CPUS,
         AccelError::OptionNotForArch { .. } => header::RUSTKVM_EINVAL_OPTION,
-        AccelError::InvalidPmuCounters(_) => header::RUSTKVM_EINVAL_PMU_COUNTERS,
+        AccelError::InvalidPmuCounters { .. } => header::RUSTKVM_EINVAL_PMU_COUNTERS,
         AccelError::VcpuIndexOutOfRange { .. } => header::RUSTKVM_ERANGE_VCPU,
         AccelError::VcpuExists(_) => header::RUSTKVM_EEXIST_VCPU,
         AccelError::NoMachine => header::RUSTKVM_ENOMACHINE,
@@ -1330,7 +1330,7 @@ mod tests {
             header::RUSTKVM_EINVAL_ARCH
         );
         assert_eq!(
-            error_code(AccelError::InvalidCpuCount(0)),
+            error_code(AccelError::InvalidCpuCount { count: 0, max: 1 }),
             header::RUSTKVM_EINVAL_CPUS
         );
         assert_eq!(error_code(AccelError::MachineExists), header::RUSTKVM_EBUSY);

@@ -132,7 +132,7 @@ impl ThreadWatch {
 
 /// The host's clock and scheduler as the models observe them: what a vCPU
 /// entry, a spinning vCPU looking at its peers and the MTTCG sampler read of
-/// the host. The machine holds one ([`crate::vm::Shared`]): [`LinuxSched`]
+/// the host. The machine holds one ([`crate::machine::Shared`]): [`LinuxSched`]
 /// in production; unit tests give a fake whose time and threads they set,
 /// so that no verdict depends on how the host schedules the test.
 pub trait HostSched: Send + Sync {

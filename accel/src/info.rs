@@ -15,7 +15,7 @@ use crate::arm::pmu::SAVED_REGS;
 use crate::arm::pvtime::layout as pvtime_layout;
 use crate::x86::pmu::{PmuConfig, Vendor};
 use crate::x86::steal::{layout as steal_layout, KVM_MSR_ENABLED, KVM_STEAL_VALID_BITS};
-use crate::x86::vcpu::SavedMsrs;
+use crate::x86::SavedMsrs;
 
 /// IA32_PERFEVTSELx / AMD PerfEvtSeln EN (bit 22).
 const EVTSEL_EN: u64 = 1 << 22;

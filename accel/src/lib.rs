@@ -6,7 +6,10 @@
 //! glue calls (declared for C in `include/rustkvm.h`).
 //!
 //! Layering:
-//! - [`vm`]: the machine ([`vm::Vm`]) and its registry of vCPUs.
+//! - [`vm`]: the machine ([`vm::Vm`]): its configuration, its vCPUs'
+//!   creation and removal, the steal-time sampler.
+//! - [`machine`]: what the vCPUs share ([`machine::Shared`]), with the
+//!   registry of vCPUs.
 //! - [`vcpu`]: one vCPU's core (steal accounting, exit requests, route
 //!   counts); its architecture's state and routing points are
 //!   [`x86::vcpu`] and [`arm::vcpu`].
@@ -18,6 +21,7 @@ pub mod error;
 pub mod ffi;
 pub mod host;
 pub mod info;
+pub mod machine;
 pub mod memory;
 #[cfg(test)]
 mod proptests;

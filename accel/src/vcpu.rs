@@ -16,11 +16,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::arm::vcpu::{Arm, ArmVcpu};
+use crate::machine::{Arch, Shared};
 use crate::memory::NoMemory;
 use crate::steal::{StealArea, Threading};
-use crate::vm::{Arch, Shared};
 use crate::x86::pmu::Counting;
 use crate::x86::vcpu::{X86Vcpu, X86};
+pub use crate::x86::ResetKind;
 
 /// The answer of a routing point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,22 +32,6 @@ pub enum Route<T> {
     Handled(T),
     /// Claimed and faults: #GP(0) on x86, UNDEFINED on arm64.
     Fault,
-}
-
-/// What kind of reset a vCPU goes through (rustkvm.h `RUSTKVM_RESET_*`):
-/// the `init_event` of KVM's `kvm_vcpu_reset(vcpu, init_event)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetKind {
-    /// RESET: power-on, system reset, `cpu_reset()` (KVM: vCPU creation and
-    /// QEMU writing the reset state back). Every guest-visible register goes
-    /// back to its reset value.
-    Cold,
-    /// x86 INIT (an INIT IPI, INIT-SIPI-SIPI): KVM's `init_event = true`.
-    /// Steal time, kvmclock, async PF and the LAPIC timer are reset as on a
-    /// RESET; the PMU, the TSC and IA32_TSC_ADJUST are kept (SDM vol. 3
-    /// table 10-1 "INIT: unchanged"; KVM never resets its PMU on INIT). On
-    /// arm64 there is none: it is taken as [`ResetKind::Cold`].
-    Init,
 }
 
 /// How often each routing point was reached on one vCPU (`stats=on`).
@@ -398,7 +383,8 @@ impl Vcpu {
     }
 
     /// A reset of `kind`, as KVM's `kvm_vcpu_reset(vcpu, init_event)`.
-    /// Statistics survive resets. See [`X86::reset`] and [`Arm::reset`].
+    /// Statistics survive resets. Each architecture says what it resets
+    /// (`X86::reset`, `Arm::reset`).
     pub fn reset(&self, kind: ResetKind) {
         let counted = match &self.arch {
             ArchVcpu::X86(x) => X86::new(self, x).reset(kind),

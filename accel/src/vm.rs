@@ -1,14 +1,14 @@
 //! The machine: configuration and the registry of live vCPUs.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::error::AccelError;
 use crate::host::{HostSched, LinuxSched};
+pub use crate::machine::{Arch, Shared};
 use crate::memory::{Host, NoMemory};
 use crate::steal::Threading;
 use crate::vcpu::{Sampled, SamplerView, Vcpu};
-use crate::x86::clock::TscRate;
 
 /// How often the steal-time sampler looks while no vCPU has steal time on.
 const IDLE_SAMPLER_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
@@ -32,25 +32,6 @@ const RR_MIN_NAP_NS: u64 = 50_000;
 
 /// Most vCPUs a machine may have (QEMU's x86 `max_cpus` limit).
 pub const MAX_VCPUS: u32 = 4096;
-
-/// Guest architecture of the emulator that loaded the library.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// `qemu-system-x86_64`.
-    X86_64,
-    /// `qemu-system-aarch64`.
-    Aarch64,
-}
-
-impl Arch {
-    /// Name as in QEMU's target names.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::X86_64 => "x86_64",
-            Arch::Aarch64 => "aarch64",
-        }
-    }
-}
 
 /// Machine-wide options (the `-accel rustkvm,...` properties).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +66,10 @@ impl VmConfig {
     /// Validate a configuration.
     pub fn new(arch: Arch, max_cpus: u32, stats: bool) -> Result<Self, AccelError> {
         if max_cpus == 0 || max_cpus > MAX_VCPUS {
-            return Err(AccelError::InvalidCpuCount(max_cpus));
+            return Err(AccelError::InvalidCpuCount {
+                count: max_cpus,
+                max: MAX_VCPUS,
+            });
         }
         Ok(VmConfig {
             arch,
@@ -116,7 +100,10 @@ impl VmConfig {
                 pmu_counters: gp,
                 ..self
             }),
-            _ => Err(AccelError::InvalidPmuCounters(n)),
+            _ => Err(AccelError::InvalidPmuCounters {
+                count: n,
+                max: crate::x86::pmu::MAX_GP as u32,
+            }),
         }
     }
 
@@ -132,159 +119,6 @@ impl VmConfig {
             counter_offset: offset,
             ..self
         })
-    }
-}
-
-/// What every vCPU of a machine shares: guest memory, the threading model,
-/// the host's clock and scheduler, and how many vCPUs are live.
-pub struct Shared {
-    /// Guest RAM and interrupt delivery.
-    pub host: Box<dyn Host + Send + Sync>,
-    /// One thread per vCPU or round-robin.
-    pub mttcg: bool,
-    /// `-icount`: steal counts VM time ([`Shared::steal_now_ns`]).
-    pub icount: bool,
-    /// The host's clock and scheduler as the models read them.
-    sched: Arc<dyn HostSched>,
-    /// The machine's vCPUs by QEMU's `cpu_index`: the one registry (the
-    /// [`Vm`] creates and removes; a spinning vCPU looks at the others).
-    /// Each vCPU holds the Shared: [`Vm`]'s drop empties it.
-    vcpus: parking_lot::RwLock<Vec<Option<Arc<Vcpu>>>>,
-    /// How many of them there are (read on every entry, without the lock;
-    /// changed only under `vcpus`' write lock).
-    live_vcpus: AtomicU32,
-    /// x86: the guest TSC frequency in kHz, 0 until a vCPU set it.
-    tsc_khz: AtomicU64,
-    /// x86: MSR_KVM_WALL_CLOCK(_NEW), one per VM as in KVM.
-    pub wall_clock_msr: AtomicU64,
-    /// x86: vCPU 0 last set its kvmclock through the legacy MSR
-    /// (`boot_vcpu_runs_old_kvmclock`): no vCPU's kvmclock is stable then.
-    pub old_kvmclock_on_boot_vcpu: AtomicBool,
-    /// x86: `pmu-counters` (set once at machine creation).
-    pmu_counters: AtomicU32,
-    /// The MTTCG sampler found a vCPU thread kept off the host CPUs lately.
-    contended: AtomicBool,
-    /// The VM is running (QEMU's run state, [`Vm::set_running`]). Threads of
-    /// ours other than vCPU threads write guest RAM only while holding this
-    /// for reading and finding it true; stopping takes it for writing, so a
-    /// write under way finishes before the VM counts as stopped.
-    running: parking_lot::RwLock<bool>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("mttcg", &self.mttcg)
-            .field("live_vcpus", &self.live_vcpus)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    /// Shared state over `memory`, on the real host.
-    pub fn new(host: Box<dyn Host + Send + Sync>, mttcg: bool) -> Self {
-        Self::with_sched(host, mttcg, Arc::new(LinuxSched::new()))
-    }
-
-    /// Shared state over `memory`, observing the host through `sched`
-    /// (tests: a fake host).
-    pub fn with_sched(
-        host: Box<dyn Host + Send + Sync>,
-        mttcg: bool,
-        sched: Arc<dyn HostSched>,
-    ) -> Self {
-        Shared {
-            host,
-            mttcg,
-            icount: false,
-            sched,
-            vcpus: parking_lot::RwLock::new(Vec::new()),
-            live_vcpus: AtomicU32::new(0),
-            tsc_khz: AtomicU64::new(0),
-            wall_clock_msr: AtomicU64::new(0),
-            old_kvmclock_on_boot_vcpu: AtomicBool::new(false),
-            pmu_counters: AtomicU32::new(0),
-            contended: AtomicBool::new(false),
-            running: parking_lot::RwLock::new(false),
-        }
-    }
-
-    /// Whether the host has lately kept a vCPU thread off its CPUs (MTTCG).
-    pub fn contended(&self) -> bool {
-        self.contended.load(Ordering::Relaxed)
-    }
-
-    /// Run `f` on each live vCPU, in index order.
-    pub fn for_each_peer(&self, mut f: impl FnMut(&Vcpu)) {
-        for v in self.vcpus.read().iter().flatten() {
-            f(v);
-        }
-    }
-
-    /// x86: `pmu-counters` (0: the vendor's default).
-    pub fn pmu_counters(&self) -> u8 {
-        self.pmu_counters.load(Ordering::Relaxed) as u8
-    }
-
-    /// The host's clock and scheduler.
-    pub fn sched(&self) -> &dyn HostSched {
-        &*self.sched
-    }
-
-    /// Host monotonic time in ns since the machine was created (never 0).
-    pub fn now_ns(&self) -> u64 {
-        self.sched.now_ns() + 1
-    }
-
-    /// QEMU's virtual clock (ns of VM time).
-    pub fn virtual_ns(&self) -> u64 {
-        self.host.virtual_ns()
-    }
-
-    /// The clock steal time is measured on: host time, or under `-icount`
-    /// VM time, the guest's own (instructions executed): a runnable vCPU
-    /// waiting for its turn then misses what the others execute,
-    /// deterministically.
-    pub fn steal_now_ns(&self) -> u64 {
-        if self.icount {
-            self.virtual_ns().max(1)
-        } else {
-            self.now_ns()
-        }
-    }
-
-    /// The calling vCPU thread's host run delay, which is steal — except
-    /// under `-icount`, where host scheduling does not move VM time (0).
-    pub fn steal_run_delay_ns(&self) -> u64 {
-        if self.icount {
-            0
-        } else {
-            self.sched.current_run_delay_ns()
-        }
-    }
-
-    /// The VM's guest TSC rate.
-    pub fn tsc_rate(&self) -> TscRate {
-        TscRate::new(self.tsc_khz.load(Ordering::Relaxed))
-    }
-
-    /// Fix the VM's TSC rate: the first non-zero request wins (every vCPU
-    /// has the same CPU model options).
-    pub fn set_tsc_khz(&self, khz: u64) {
-        let _ = self
-            .tsc_khz
-            .compare_exchange(0, khz, Ordering::Relaxed, Ordering::Relaxed);
-    }
-
-    /// The threading model for steal-time accounting.
-    pub fn threading(&self) -> Threading {
-        if self.mttcg {
-            Threading::Mttcg
-        } else {
-            Threading::RoundRobin {
-                peers: self.live_vcpus.load(Ordering::Relaxed) > 1,
-            }
-        }
     }
 }
 
@@ -576,6 +410,7 @@ impl Sampler {
 mod tests {
     use super::*;
     use crate::host::tests::{FakeSched, FakeThread};
+    use std::sync::atomic::AtomicU64;
 
     /// Host threads of the vCPUs in the tests below.
     const T0: i32 = 10;
@@ -597,11 +432,17 @@ mod tests {
     fn config_rejects_zero_and_too_many_cpus() {
         assert_eq!(
             VmConfig::new(Arch::X86_64, 0, false),
-            Err(AccelError::InvalidCpuCount(0))
+            Err(AccelError::InvalidCpuCount {
+                count: 0,
+                max: MAX_VCPUS
+            })
         );
         assert_eq!(
             VmConfig::new(Arch::Aarch64, MAX_VCPUS + 1, false),
-            Err(AccelError::InvalidCpuCount(MAX_VCPUS + 1))
+            Err(AccelError::InvalidCpuCount {
+                count: MAX_VCPUS + 1,
+                max: MAX_VCPUS
+            })
         );
         assert!(VmConfig::new(Arch::Aarch64, MAX_VCPUS, false).is_ok());
     }
@@ -615,11 +456,11 @@ mod tests {
         assert_eq!(x86.with_pmu_counters(1).unwrap().pmu_counters, 1);
         assert_eq!(
             x86.with_pmu_counters(9),
-            Err(AccelError::InvalidPmuCounters(9))
+            Err(AccelError::InvalidPmuCounters { count: 9, max: 8 })
         );
         assert_eq!(
             x86.with_pmu_counters(1 << 8),
-            Err(AccelError::InvalidPmuCounters(256))
+            Err(AccelError::InvalidPmuCounters { count: 256, max: 8 })
         );
         let arm = VmConfig::new(Arch::Aarch64, 1, false).unwrap();
         assert!(matches!(

@@ -12,8 +12,8 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::arm::pmu::{self, PmuReg};
 use crate::arm::pvtime::{PvTime, PvTimeError};
 use crate::arm::smccc;
+use crate::machine::Shared;
 use crate::vcpu::{bump, CountingPtr, LocalCell, PmuClock, Route, Unhalted, Vcpu};
-use crate::vm::Shared;
 use crate::x86::pmu::Counting;
 
 /// `RustkvmCounting.active` (arm64): a counter counts instructions,
@@ -343,7 +343,7 @@ impl smccc::Services for SmcccServices<'_> {
 mod tests {
     use super::*;
     use crate::vcpu::{ResetKind, TestCounting};
-    use crate::vm::Arch;
+    use crate::machine::Arch;
 
     #[test]
     fn no_feature_claims_anything_yet() {

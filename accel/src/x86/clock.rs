@@ -278,10 +278,10 @@ impl X86Clock {
     /// on the VM's timeline and clears IA32_TSC_ADJUST (QEMU writes them as
     /// 0 into KVM, whose TSC write of 0 synchronises with the other vCPUs);
     /// INIT keeps both (SDM vol. 3 table 10-1; KVM does not touch them).
-    pub fn reset(&mut self, kind: crate::vcpu::ResetKind) {
+    pub fn reset(&mut self, kind: crate::x86::ResetKind) {
         *self = match kind {
-            crate::vcpu::ResetKind::Cold => X86Clock::default(),
-            crate::vcpu::ResetKind::Init => X86Clock {
+            crate::x86::ResetKind::Cold => X86Clock::default(),
+            crate::x86::ResetKind::Init => X86Clock {
                 tsc_offset: self.tsc_offset,
                 tsc_adjust: self.tsc_adjust,
                 ..X86Clock::default()
@@ -598,7 +598,7 @@ mod tests {
 
     #[test]
     fn init_keeps_the_tsc_and_adjust_a_reset_puts_it_back_on_the_vm() {
-        use crate::vcpu::ResetKind;
+        use crate::x86::ResetKind;
         let r = TscRate::default();
         let armed = || {
             let mut c = X86Clock {

@@ -21,3 +21,38 @@ pub enum X86Error {
         value: u64,
     },
 }
+
+/// What kind of reset a vCPU goes through (rustkvm.h `RUSTKVM_RESET_*`):
+/// the `init_event` of KVM's `kvm_vcpu_reset(vcpu, init_event)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetKind {
+    /// RESET: power-on, system reset, `cpu_reset()` (KVM: vCPU creation and
+    /// QEMU writing the reset state back). Every guest-visible register goes
+    /// back to its reset value.
+    Cold,
+    /// x86 INIT (an INIT IPI, INIT-SIPI-SIPI): KVM's `init_event = true`.
+    /// Steal time, kvmclock, async PF and the LAPIC timer are reset as on a
+    /// RESET; the PMU, the TSC and IA32_TSC_ADJUST are kept (SDM vol. 3
+    /// table 10-1 "INIT: unchanged"; KVM never resets its PMU on INIT). On
+    /// arm64 there is none: it is taken as [`ResetKind::Cold`].
+    Init,
+}
+
+/// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SavedMsrs {
+    /// MSR_KVM_STEAL_TIME.
+    pub steal_time: u64,
+    /// IA32_TSC.
+    pub tsc: u64,
+    /// IA32_TSC_ADJUST.
+    pub tsc_adjust: u64,
+    /// IA32_TSC_DEADLINE.
+    pub tsc_deadline: u64,
+    /// MSR_KVM_SYSTEM_TIME(_NEW).
+    pub system_time: u64,
+    /// MSR_KVM_WALL_CLOCK(_NEW).
+    pub wall_clock: u64,
+    /// The PMU's registers.
+    pub pmu: pmu::PmuRegs,
+}

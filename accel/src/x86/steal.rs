@@ -93,7 +93,7 @@ impl StealTime {
     /// A reset of either kind turns steal time off and forgets what was
     /// pending: KVM's `kvm_vcpu_reset` clears `st.msr_val` on INIT as on
     /// RESET, so nothing is written to the old structure afterwards.
-    pub fn reset(&mut self, _kind: crate::vcpu::ResetKind) {
+    pub fn reset(&mut self, _kind: crate::x86::ResetKind) {
         *self = StealTime::default();
     }
 
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn init_and_reset_both_turn_it_off_and_nothing_is_written_after() {
-        use crate::vcpu::ResetKind;
+        use crate::x86::ResetKind;
         for kind in [ResetKind::Init, ResetKind::Cold] {
             let ram = FakeRam::new(0x4000);
             let mut st = StealTime::default();

@@ -10,15 +10,16 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::machine::Shared;
 use crate::vcpu::{
     bump, CountingPtr, LocalCell, PmuClock, ResetKind, Route, RouteCounters, Unhalted, Vcpu,
 };
-use crate::vm::Shared;
 use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
 use crate::x86::hypercall;
 use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
+pub use crate::x86::SavedMsrs;
 
 /// CPUID 0x80000001 ECX[23]: AMD PerfCtrExtCore.
 const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
@@ -35,25 +36,6 @@ pub const PMU_FULL_WIDTH: u32 = 0x100;
 pub const PMU_PERFCTR_CORE: u32 = 0x200;
 /// AMD PerfMonV2 (CPUID 0x80000022 EAX bit 0).
 pub const PMU_PERFMON_V2: u32 = 0x400;
-
-/// The x86 MSRs QEMU saves for rustkvm (see `RustkvmX86Msrs`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SavedMsrs {
-    /// MSR_KVM_STEAL_TIME.
-    pub steal_time: u64,
-    /// IA32_TSC.
-    pub tsc: u64,
-    /// IA32_TSC_ADJUST.
-    pub tsc_adjust: u64,
-    /// IA32_TSC_DEADLINE.
-    pub tsc_deadline: u64,
-    /// MSR_KVM_SYSTEM_TIME(_NEW).
-    pub system_time: u64,
-    /// MSR_KVM_WALL_CLOCK(_NEW).
-    pub wall_clock: u64,
-    /// The PMU's registers.
-    pub pmu: pmu::PmuRegs,
-}
 
 /// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock.
 #[derive(Debug, Default)]
@@ -713,7 +695,7 @@ impl hypercall::Services for HypercallServices<'_> {
 mod tests {
     use super::*;
     use crate::vcpu::TestCounting;
-    use crate::vm::Arch;
+    use crate::machine::Arch;
 
     #[test]
     fn no_feature_claims_anything_yet() {
