@@ -29,6 +29,142 @@ pub fn write_barrier() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
 }
 
+/// A guest-physical address: an x86 GPA, an arm64 IPA. Offsets saturate
+/// at the top of the address space, where no RAM is: [`GuestRam`] refuses
+/// any range that does not fit below 2^64, so a hostile address plus a
+/// field offset can neither wrap nor panic.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Gpa(pub u64);
+
+impl Gpa {
+    /// The raw address.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Whether the address is a multiple of `align` (a power of two).
+    pub const fn is_aligned(self, align: u64) -> bool {
+        self.0 & (align - 1) == 0
+    }
+}
+
+impl std::ops::Add<u64> for Gpa {
+    type Output = Gpa;
+    /// The address `offset` bytes further, saturating (see [`Gpa`]).
+    fn add(self, offset: u64) -> Gpa {
+        Gpa(self.0.saturating_add(offset))
+    }
+}
+
+impl std::fmt::LowerHex for Gpa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// The one accessor through which the models read and write guest RAM.
+/// It provides what the guest's protocols need: ranges that are entirely
+/// RAM or nothing ([`GuestMemory`]'s rule, plus no range past 2^64),
+/// single-copy-atomic 4- and 8-byte stores, and the version protocol of
+/// KVM's shared structures ([`GuestRam::versioned`]).
+#[derive(Clone, Copy)]
+pub struct GuestRam<'a>(&'a dyn GuestMemory);
+
+impl std::fmt::Debug for GuestRam<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GuestRam")
+    }
+}
+
+impl<'a> GuestRam<'a> {
+    /// The accessor over the machine's memory.
+    pub fn new(mem: &'a dyn GuestMemory) -> Self {
+        GuestRam(mem)
+    }
+
+    /// Whether `len` bytes at `gpa` lie within the 2^64-byte address space.
+    fn fits(gpa: Gpa, len: usize) -> bool {
+        len == 0 || gpa.0.checked_add(len as u64 - 1).is_some()
+    }
+
+    /// Read `buf.len()` bytes at `gpa`; false (buf unspecified) unless all
+    /// of it is RAM.
+    pub fn read(self, gpa: Gpa, buf: &mut [u8]) -> bool {
+        Self::fits(gpa, buf.len()) && self.0.read(gpa.0, buf)
+    }
+
+    /// `N` bytes at `gpa`, if all of them are RAM.
+    pub fn read_array<const N: usize>(self, gpa: Gpa) -> Option<[u8; N]> {
+        let mut b = [0u8; N];
+        self.read(gpa, &mut b).then_some(b)
+    }
+
+    /// Whether `len` bytes at `gpa` are all RAM (read, not written).
+    pub fn is_ram(self, gpa: Gpa, len: usize) -> bool {
+        // Probing the first and the last byte is enough for the models'
+        // structures, each within one page.
+        len == 0
+            || (Self::fits(gpa, len)
+                && self.read(gpa, &mut [0u8])
+                && self.read(gpa + (len as u64 - 1), &mut [0u8]))
+    }
+
+    /// Write `bytes` at `gpa`, with no atomicity (bytes may land in any
+    /// order): only for what the guest does not read concurrently (a
+    /// structure being zeroed before use, a single byte).
+    #[allow(clippy::disallowed_methods, reason = "the one accessor")]
+    pub fn write(self, gpa: Gpa, bytes: &[u8]) -> bool {
+        Self::fits(gpa, bytes.len()) && self.0.write(gpa.0, bytes)
+    }
+
+    /// One single-copy-atomic 4-byte store (see [`GuestMemory::store_u32`]).
+    #[allow(clippy::disallowed_methods, reason = "the one accessor")]
+    pub fn store_u32(self, gpa: Gpa, value: u32) -> bool {
+        Self::fits(gpa, 4) && self.0.store_u32(gpa.0, value)
+    }
+
+    /// One single-copy-atomic 8-byte store (see [`GuestMemory::store_u64`]).
+    #[allow(clippy::disallowed_methods, reason = "the one accessor")]
+    pub fn store_u64(self, gpa: Gpa, value: u64) -> bool {
+        Self::fits(gpa, 8) && self.0.store_u64(gpa.0, value)
+    }
+
+    /// A 4-byte field: one atomic store where aligned, else bytes (a
+    /// guest's misaligned structure is written all the same, as KVM's
+    /// `kvm_write_guest` does, without the atomicity it could not have).
+    pub fn put_u32(self, gpa: Gpa, value: u32) -> bool {
+        if gpa.is_aligned(4) {
+            self.store_u32(gpa, value)
+        } else {
+            self.write(gpa, &value.to_le_bytes())
+        }
+    }
+
+    /// An 8-byte field, as [`GuestRam::put_u32`].
+    pub fn put_u64(self, gpa: Gpa, value: u64) -> bool {
+        if gpa.is_aligned(8) {
+            self.store_u64(gpa, value)
+        } else {
+            self.write(gpa, &value.to_le_bytes())
+        }
+    }
+
+    /// KVM's version protocol for a structure the guest reads on another
+    /// CPU (`record_steal_time`, `kvm_setup_guest_pvclock`,
+    /// `kvm_write_wall_clock`): store `version` (odd) at `at`, a write
+    /// barrier, `body`, a write barrier, `version + 1` (even). Nothing more
+    /// is written if the first store fails; false then.
+    pub fn versioned(self, at: Gpa, version: u32, body: impl FnOnce(GuestRam<'a>)) -> bool {
+        if !self.put_u32(at, version) {
+            return false;
+        }
+        write_barrier();
+        body(self);
+        write_barrier();
+        self.put_u32(at, version.wrapping_add(1))
+    }
+}
+
 /// Interrupt delivery to other vCPUs.
 pub trait Interrupts {
     /// Send an IPI (`icr`: vector, delivery mode, level, trigger as in the
@@ -99,6 +235,7 @@ impl GuestMemory for NoMemory {
 #[cfg(test)]
 pub mod tests {
     //! A fake RAM for model tests that records every write.
+    #![allow(clippy::disallowed_methods)]
     use super::GuestMemory;
     use parking_lot::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -311,5 +448,66 @@ pub mod tests {
         fn store_u64(&self, gpa: u64, value: u64) -> bool {
             self.store(gpa, &value.to_le_bytes())
         }
+    }
+
+    /// Memory that claims every range is RAM and counts the calls: what
+    /// reaches the backend at all.
+    #[derive(Default)]
+    struct Everything(std::sync::atomic::AtomicUsize);
+
+    impl GuestMemory for Everything {
+        fn read(&self, _gpa: u64, _buf: &mut [u8]) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        fn write(&self, _gpa: u64, _buf: &[u8]) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        fn store_u32(&self, _gpa: u64, _value: u32) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        fn store_u64(&self, _gpa: u64, _value: u64) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+    }
+
+    #[test]
+    fn no_access_wraps_the_address_space() {
+        use super::{Gpa, GuestRam};
+        assert_eq!(Gpa(u64::MAX - 2) + 8, Gpa(u64::MAX), "offsets saturate");
+        let mem = Everything::default();
+        let ram = GuestRam::new(&mem);
+        let top = Gpa(u64::MAX - 3);
+        assert!(!ram.write(top, &[0; 8]));
+        assert!(!ram.store_u64(top, 1));
+        assert!(!ram.put_u32(top + 2, 1));
+        assert!(!ram.read(top, &mut [0; 8]));
+        assert!(!ram.is_ram(top, 64));
+        assert!(!ram.versioned(top + 4, 1, |_| panic!("no body after a refused version")));
+        assert_eq!(
+            mem.0.load(Ordering::SeqCst),
+            0,
+            "nothing reached the backend"
+        );
+        assert!(ram.store_u32(top, 1), "4 bytes still fit");
+        // A hostile wall-clock GPA at the top: nothing written, no panic.
+        crate::x86::clock::write_wall_clock(&FakeRam::new(4096), u64::MAX - 3, 0, 1 << 40);
+    }
+
+    #[test]
+    fn versioned_writes_odd_version_body_even_version_in_order() {
+        use super::{Gpa, GuestRam};
+        let ram = FakeRam::new(64);
+        let g = GuestRam::new(&ram);
+        assert!(g.versioned(Gpa(8), 3, |g| {
+            assert!(g.store_u64(Gpa(0), 7));
+            assert!(g.put_u32(Gpa(13), 9), "misaligned: bytes");
+        }));
+        assert_eq!(ram.writes_since(0), vec![(8, 4), (0, 8), (13, 4), (8, 4)]);
+        assert_eq!(ram.atomic_stores(), vec![(8, 4), (0, 8), (8, 4)]);
+        assert_eq!(ram.version_history(8), vec![3, 4]);
     }
 }

@@ -13,7 +13,7 @@
 //! rustkvm starts at the guest's first PV_TIME_ST (which zeroes it in both),
 //! so a guest that does not use PV time costs nothing.
 
-use crate::memory::GuestMemory;
+use crate::memory::{Gpa, GuestMemory, GuestRam};
 use crate::steal::{StealClock, Threading};
 
 /// `struct pvclock_vcpu_stolen_time` field offsets (64 bytes in all).
@@ -94,7 +94,7 @@ impl PvTime {
             return None;
         }
         // KVM ignores a failed write here too (kvm_write_guest's result).
-        let _ = mem.write(self.base, &[0u8; layout::SIZE as usize]);
+        let _ = GuestRam::new(mem).write(Gpa(self.base), &[0u8; layout::SIZE as usize]);
         self.clock.restart();
         self.active = 1;
         Some(self.base)
@@ -138,14 +138,13 @@ impl PvTime {
         if steal == 0 {
             return;
         }
-        let at = self.base + layout::STOLEN_TIME;
-        let mut old = [0u8; 8];
-        if mem.read(at, &mut old) {
+        let (ram, at) = (GuestRam::new(mem), Gpa(self.base) + layout::STOLEN_TIME);
+        if let Some(old) = ram.read_array::<8>(at) {
             // One single-copy-atomic 8-byte store: there is no version, the
             // guest reads it with one load (READ_ONCE in pvclock_steal_time),
             // as KVM's `kvm_update_stolen_time` updates it.
             let new = u64::from_le_bytes(old).wrapping_add(steal);
-            let _ = mem.store_u64(at, new);
+            let _ = ram.store_u64(at, new);
         }
     }
 
@@ -199,6 +198,8 @@ impl crate::steal::StealArea for PvTime {
 
 #[cfg(test)]
 mod tests {
+    // The tests lay out guest RAM as a guest would, without GuestRam.
+    #![allow(clippy::disallowed_methods)]
     use super::*;
     use crate::memory::tests::FakeRam;
 

@@ -342,8 +342,8 @@ impl smccc::Services for SmcccServices<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcpu::{ResetKind, TestCounting};
     use crate::machine::Arch;
+    use crate::vcpu::{ResetKind, TestCounting};
 
     #[test]
     fn no_feature_claims_anything_yet() {

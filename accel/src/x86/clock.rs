@@ -17,7 +17,7 @@
 //! writes IA32_TSC or IA32_TSC_ADJUST: the TSCs stay synchronised unless the
 //! guest desynchronises them, as under KVM.
 
-use crate::memory::{write_barrier, GuestMemory};
+use crate::memory::{Gpa, GuestMemory, GuestRam};
 
 /// x86's page size: KVM maps a PV structure within one page.
 pub const PAGE_SIZE: u64 = 4096;
@@ -122,7 +122,9 @@ pub mod wall {
     pub const SEC: u64 = offset_of!(T, sec) as u64;
     /// `nsec`.
     pub const NSEC: u64 = offset_of!(T, nsec) as u64;
-    const _: () = assert!(VERSION == 0 && SEC == 4 && NSEC == 8 && size_of::<T>() == 12);
+    /// sizeof(struct pvclock_wall_clock): 12.
+    pub const SIZE: u64 = size_of::<T>() as u64;
+    const _: () = assert!(VERSION == 0 && SEC == 4 && NSEC == 8 && SIZE == 12);
 }
 
 /// `struct kvm_clock_pairing` (arch/x86/include/uapi/asm/kvm_para.h): what
@@ -328,30 +330,25 @@ impl X86Clock {
         if !self.kvmclock_enabled() {
             return;
         }
-        let gpa = self.system_time_msr & !1;
+        let (ram, gpa) = (GuestRam::new(mem), Gpa(self.system_time_msr & !1));
         // KVM's gfn_to_pfn_cache maps the structure within one page: one
         // that crosses a page is accepted by the MSR and never written
         // (kvm_gpc_activate fails, kvm_setup_guest_pvclock gives up).
-        if gpa % PAGE_SIZE + pvti::SIZE > PAGE_SIZE {
+        if gpa.raw() % PAGE_SIZE + pvti::SIZE > PAGE_SIZE {
             return;
         }
-        let mut old = [0u8; pvti::SIZE as usize];
-        if !mem.read(gpa, &mut old) {
+        let Some(old) = ram.read_array::<{ pvti::SIZE as usize }>(gpa) else {
             return;
-        }
+        };
         let version = (u32::from_le_bytes([old[0], old[1], old[2], old[3]]).wrapping_add(1)) | 1;
-        if !put_u32(mem, gpa + pvti::VERSION, version) {
-            return;
-        }
-        write_barrier();
         let (shift, mul) = rate.pvclock_scale();
-        put_u64(mem, gpa + pvti::TSC_TIMESTAMP, self.tsc_offset);
-        put_u64(mem, gpa + pvti::SYSTEM_TIME, 0);
-        put_u32(mem, gpa + pvti::MUL, mul);
         let flags = if stable { PVCLOCK_TSC_STABLE_BIT } else { 0 };
-        let _ = mem.write(gpa + pvti::SHIFT, &[shift as u8, flags]);
-        write_barrier();
-        put_u32(mem, gpa + pvti::VERSION, version.wrapping_add(1));
+        ram.versioned(gpa + pvti::VERSION, version, |ram| {
+            ram.put_u64(gpa + pvti::TSC_TIMESTAMP, self.tsc_offset);
+            ram.put_u64(gpa + pvti::SYSTEM_TIME, 0);
+            ram.put_u32(gpa + pvti::MUL, mul);
+            let _ = ram.write(gpa + pvti::SHIFT, &[shift as u8, flags]);
+        });
     }
 
     /// LVT timer register written with `lvt`: a mode change disarms the
@@ -420,37 +417,19 @@ impl X86Clock {
     }
 }
 
-/// A `u32` field of a PV structure, as KVM stores it through its mapping
-/// of the guest page: one single-copy-atomic store where the field is
-/// 4-byte aligned, else the bytes (MSR_KVM_SYSTEM_TIME takes any even GPA,
-/// and KVM writes the structure there all the same). False if not RAM.
-fn put_u32(mem: &dyn GuestMemory, gpa: u64, value: u32) -> bool {
-    if gpa % 4 == 0 {
-        mem.store_u32(gpa, value)
-    } else {
-        mem.write(gpa, &value.to_le_bytes())
-    }
-}
-
-/// As [`put_u32`], a `u64` field (one store where 8-byte aligned).
-fn put_u64(mem: &dyn GuestMemory, gpa: u64, value: u64) -> bool {
-    if gpa % 8 == 0 {
-        mem.store_u64(gpa, value)
-    } else {
-        mem.write(gpa, &value.to_le_bytes())
-    }
-}
-
 /// MSR_KVM_WALL_CLOCK(_NEW) written with `gpa`: write the wall-clock time
 /// at VM time 0 (host real time − kvmclock), as `kvm_write_wall_clock`.
 pub fn write_wall_clock(mem: &dyn GuestMemory, gpa: u64, now_ns: u64, realtime_ns: u64) {
-    if gpa == 0 {
+    let (ram, gpa) = (GuestRam::new(mem), Gpa(gpa));
+    if gpa == Gpa(0) {
         return;
     }
-    let mut v = [0u8; 4];
-    if !mem.read(gpa, &mut v) || !mem.read(gpa + 8, &mut [0u8; 4]) {
+    let Some(v) = ram
+        .read_array::<4>(gpa)
+        .filter(|_| ram.is_ram(gpa, wall::SIZE as usize))
+    else {
         return;
-    }
+    };
     let mut version = u32::from_le_bytes(v);
     if version & 1 != 0 {
         version = version.wrapping_add(1); // first write: random junk
@@ -460,21 +439,19 @@ pub fn write_wall_clock(mem: &dyn GuestMemory, gpa: u64, now_ns: u64, realtime_n
     // kvm_write_guest (no barrier needed between its copies there: one
     // thread, and the guest reads the wall clock once at boot); ours are
     // ordered all the same.
-    if !mem.write(gpa + wall::VERSION, &version.to_le_bytes()) {
-        return;
-    }
-    write_barrier();
     let boot = realtime_ns.saturating_sub(now_ns);
     let sec = (boot / 1_000_000_000) as u32; // overflows in 2106, as KVM's
     let nsec = (boot % 1_000_000_000) as u32;
-    let _ = mem.write(gpa + wall::SEC, &sec.to_le_bytes());
-    let _ = mem.write(gpa + wall::NSEC, &nsec.to_le_bytes());
-    write_barrier();
-    let _ = mem.write(gpa + wall::VERSION, &version.wrapping_add(1).to_le_bytes());
+    ram.versioned(gpa + wall::VERSION, version, |ram| {
+        ram.put_u32(gpa + wall::SEC, sec);
+        ram.put_u32(gpa + wall::NSEC, nsec);
+    });
 }
 
 #[cfg(test)]
 mod tests {
+    // The tests lay out guest RAM as a guest would, without GuestRam.
+    #![allow(clippy::disallowed_methods)]
     use super::*;
     use crate::memory::tests::FakeRam;
 

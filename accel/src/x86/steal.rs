@@ -12,7 +12,7 @@
 //! it while the vCPU's thread waits on the host run queue. A halt is
 //! voluntary and sets nothing.
 
-use crate::memory::{write_barrier, GuestMemory};
+use crate::memory::{Gpa, GuestMemory, GuestRam};
 use crate::steal::StealClock;
 pub use crate::steal::Threading;
 use crate::x86::X86Error;
@@ -86,8 +86,8 @@ impl StealTime {
         self.msr & KVM_MSR_ENABLED != 0
     }
 
-    fn gpa(&self) -> u64 {
-        self.msr & KVM_STEAL_VALID_BITS
+    fn gpa(&self) -> Gpa {
+        Gpa(self.msr & KVM_STEAL_VALID_BITS)
     }
 
     /// A reset of either kind turns steal time off and forgets what was
@@ -177,7 +177,9 @@ impl StealTime {
     /// Clear `preempted` in the guest's structure if we set it: the vCPU
     /// runs (an entry that does not fold steal in, or the sampler).
     pub fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
-        if self.enabled() && self.preempted != 0 && mem.write(self.gpa() + layout::PREEMPTED, &[0])
+        if self.enabled()
+            && self.preempted != 0
+            && GuestRam::new(mem).write(self.gpa() + layout::PREEMPTED, &[0])
         {
             self.preempted = 0;
         }
@@ -195,7 +197,7 @@ impl StealTime {
         if self.preempted != 0 {
             return false;
         }
-        let set = mem.write(self.gpa() + layout::PREEMPTED, &[KVM_VCPU_PREEMPTED]);
+        let set = GuestRam::new(mem).write(self.gpa() + layout::PREEMPTED, &[KVM_VCPU_PREEMPTED]);
         if set {
             self.preempted = KVM_VCPU_PREEMPTED;
         }
@@ -206,13 +208,15 @@ impl StealTime {
     /// then bump the version to odd, add the steal, bump it to even. Nothing
     /// is written unless the whole structure is guest RAM.
     fn record(&mut self, mem: &dyn GuestMemory, clear_preempted: bool) {
-        let gpa = self.gpa();
-        let mut st = [0u8; layout::PREEMPTED as usize + 1];
-        if !mem.read(gpa, &mut st) || !mem.read(gpa + layout::SIZE - 1, &mut [0u8]) {
+        let (ram, gpa) = (GuestRam::new(mem), self.gpa());
+        let Some(st) = ram
+            .read_array::<{ layout::PREEMPTED as usize + 1 }>(gpa)
+            .filter(|_| ram.is_ram(gpa, layout::SIZE as usize))
+        else {
             return;
-        }
+        };
         if clear_preempted {
-            let _ = mem.write(gpa + layout::PREEMPTED, &[0]);
+            let _ = ram.write(gpa + layout::PREEMPTED, &[0]);
             self.preempted = 0;
         }
         let mut version = u32::from_le_bytes(st[8..12].try_into().unwrap_or_default());
@@ -221,14 +225,13 @@ impl StealTime {
             version = version.wrapping_add(1);
         }
         // KVM's order: version odd, smp_wmb(), steal, smp_wmb(), version
-        // even; each field one single-copy-atomic store.
-        let _ = mem.store_u32(gpa + layout::VERSION, version.wrapping_add(1));
-        write_barrier();
+        // even; each field one single-copy-atomic store (the structure is
+        // 64-byte aligned).
         let steal = u64::from_le_bytes(st[0..8].try_into().unwrap_or_default())
             .wrapping_add(self.clock.take());
-        let _ = mem.store_u64(gpa + layout::STEAL, steal);
-        write_barrier();
-        let _ = mem.store_u32(gpa + layout::VERSION, version.wrapping_add(2));
+        ram.versioned(gpa + layout::VERSION, version.wrapping_add(1), |ram| {
+            let _ = ram.store_u64(gpa + layout::STEAL, steal);
+        });
     }
 }
 
@@ -279,6 +282,8 @@ impl crate::steal::StealArea for StealTime {
 
 #[cfg(test)]
 mod tests {
+    // The tests lay out guest RAM as a guest would, without GuestRam.
+    #![allow(clippy::disallowed_methods)]
     use super::*;
     use crate::memory::tests::FakeRam;
 

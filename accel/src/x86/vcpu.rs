@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::machine::Shared;
+use crate::memory::{Gpa, GuestRam};
 use crate::vcpu::{
     bump, CountingPtr, LocalCell, PmuClock, ResetKind, Route, RouteCounters, Unhalted, Vcpu,
 };
@@ -687,15 +688,15 @@ impl hypercall::Services for HypercallServices<'_> {
             tsc,
             ..Default::default()
         };
-        shared.host.write(gpa, &pairing.to_bytes())
+        GuestRam::new(&*shared.host).write(Gpa(gpa), &pairing.to_bytes())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcpu::TestCounting;
     use crate::machine::Arch;
+    use crate::vcpu::TestCounting;
 
     #[test]
     fn no_feature_claims_anything_yet() {
