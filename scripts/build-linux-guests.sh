@@ -5,6 +5,7 @@
 # only when an input changes:
 #   linux/debs/                     the downloaded .debs (first fetched stays)
 #   linux/<arch>/vmlinuz            the kernel
+#   linux/<arch>/kernel/            its package unpacked (boot/, lib/modules/)
 #   linux/<arch>/initramfs-KEY.cpio.gz  busybox + /init + /rustkvm-probe, KEY
 #                                   from those inputs: clones at other commits
 #                                   (two test commands at once) keep their own
@@ -68,6 +69,13 @@ build_arch() {
         basename "$kdeb" > "$out/vmlinuz.src"
     fi
     ok "$(cat "$out/vmlinuz.src")"
+    # The whole package, for runners that load the kernel's modules
+    # (virtme-ng: tests/tests/vng.rs, docs/boot.md).
+    if [ "$(cat "$out/kernel.src" 2>/dev/null)" != "$(basename "$kdeb")" ]; then
+        rm -rf "$out/kernel" "$out/kernel.src" && mkdir -p "$out/kernel"
+        dpkg-deb -x "$kdeb" "$out/kernel" || die "cannot unpack $kdeb"
+        basename "$kdeb" > "$out/kernel.src"
+    fi
 
     step "$arch: rustkvm-probe ($rust)"
     (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-probe --target "$rust") \

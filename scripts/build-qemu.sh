@@ -99,6 +99,7 @@ CONFIGURE_ARGS=(
     --enable-system --disable-user --disable-tools
     --enable-tcg --enable-kvm --enable-plugins
     --enable-capstone --enable-slirp --enable-fdt=system
+    --enable-virtfs --enable-attr
     --disable-docs --disable-install-blobs --disable-download
     --python=/usr/bin/python3
     --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu

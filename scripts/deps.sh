@@ -31,6 +31,7 @@ PKGS=(
     zlib1g-dev libzstd-dev dpkg-dev xz-utils rsync libclang-dev
     seabios qemu-system-data ipxe-qemu qemu-efi-aarch64 qemu-utils
     gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu
+    linux-perf busybox-static kmod udev
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -75,15 +76,19 @@ if ! stock_ok; then
     stock_ok || die "/usr/bin/qemu-system-{x86_64,aarch64} are not QEMU 10.0.x after installing them"
 fi
 
-# A real JUnit consumer for the tests of the runners' --junit output
-# (tests/tests/junit.rs), from PyPI, in a venv of the cache.
+# From PyPI, in a venv of the cache: a real JUnit consumer for the tests of
+# the runners' --junit output (tests/tests/junit.rs), and virtme-ng, the
+# kernel developers' runner, booted on our QEMU (tests/tests/vng.rs; it runs
+# the host's own perf and busybox, linux-perf and busybox above).
 venv="$RUSTKVM_CACHE/venv"
-if ! "$venv/bin/python" -c 'import junitparser' 2>/dev/null; then
-    step "python venv with junitparser (PyPI)"
+VNG_VERSION=1.42
+if ! "$venv/bin/python" -c 'import junitparser' 2>/dev/null \
+    || [ "$("$venv/bin/vng" --version 2>/dev/null | awk '{print $2}')" != "$VNG_VERSION" ]; then
+    step "python venv with junitparser and virtme-ng $VNG_VERSION (PyPI)"
     rm -rf "$venv"
     /usr/bin/python3 -m venv "$venv" || die "python3 -m venv failed"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check junitparser \
-        || die "pip install junitparser failed"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check junitparser "virtme-ng==$VNG_VERSION" \
+        || die "pip install junitparser virtme-ng failed"
 fi
 
 step "Rust targets and components"
