@@ -1235,6 +1235,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "three simulated seconds of round-robin turns: too slow under Miri; the same paths run in the other vm tests"
+    )]
     fn busy_linux_vcpus_sharing_a_round_robin_thread_see_their_share_as_steal() {
         // Linux at HZ 250 (Debian's) and HZ 1000; 2 and 3 busy vCPUs: each
         // is runnable but not running (n-1)/n of the time, and steal is that

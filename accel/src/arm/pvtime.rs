@@ -106,32 +106,6 @@ impl PvTime {
         self.clock.restart();
     }
 
-    /// The vCPU enters guest execution: add what was stolen since the last
-    /// entry to `stolen_time`, as `kvm_update_stolen_time`.
-    pub fn enter(
-        &mut self,
-        mem: &dyn GuestMemory,
-        threading: Threading,
-        now_ns: u64,
-        run_delay_ns: u64,
-    ) {
-        if self.active == 0 {
-            return;
-        }
-        self.clock.enter(threading, now_ns, run_delay_ns);
-        self.fold(mem);
-    }
-
-    /// MTTCG sampler tick (`crate::vm::Vm::start_sampler`): the vCPU thread's
-    /// run delay is now `run_delay_ns`. Folds the growth in without waiting
-    /// for the next entry, as KVM updates the structure whenever the vCPU
-    /// thread is scheduled back in (`kvm_arch_vcpu_load`).
-    pub fn sample(&mut self, mem: &dyn GuestMemory, run_delay_ns: u64) {
-        if self.active != 0 && self.clock.sample(run_delay_ns) {
-            self.fold(mem);
-        }
-    }
-
     /// Add what was stolen and not yet written to `stolen_time`.
     fn fold(&mut self, mem: &dyn GuestMemory) {
         let steal = self.clock.take();
@@ -147,22 +121,19 @@ impl PvTime {
             let _ = ram.store_u64(at, new);
         }
     }
-
-    /// The vCPU leaves guest execution; `halted` if voluntarily.
-    pub fn exit(&mut self, threading: Threading, now_ns: u64, run_delay_ns: u64, halted: bool) {
-        if self.active != 0 {
-            self.clock.exit(threading, now_ns, run_delay_ns, halted);
-        }
-    }
 }
 
 impl crate::steal::StealArea for PvTime {
     fn on(&self) -> bool {
         self.active != 0
     }
+
     fn clock(&self) -> &StealClock {
         &self.clock
     }
+
+    /// The vCPU enters guest execution: add what was stolen since the last
+    /// entry to `stolen_time`, as `kvm_update_stolen_time`.
     fn enter(
         &mut self,
         mem: &dyn GuestMemory,
@@ -170,8 +141,14 @@ impl crate::steal::StealArea for PvTime {
         now_ns: u64,
         run_delay_ns: u64,
     ) {
-        PvTime::enter(self, mem, threading, now_ns, run_delay_ns);
+        if self.active == 0 {
+            return;
+        }
+        self.clock.enter(threading, now_ns, run_delay_ns);
+        self.fold(mem);
     }
+
+    /// The vCPU leaves guest execution; `halted` if voluntarily.
     fn exit(
         &mut self,
         _mem: &dyn GuestMemory,
@@ -180,17 +157,24 @@ impl crate::steal::StealArea for PvTime {
         run_delay_ns: u64,
         halted: bool,
     ) {
-        PvTime::exit(self, threading, now_ns, run_delay_ns, halted);
+        if self.active != 0 {
+            self.clock.exit(threading, now_ns, run_delay_ns, halted);
+        }
     }
-    /// No preempted flag: `descheduled` is never asked for.
+
+    /// MTTCG sampler tick (`crate::vm::Vm::start_sampler`): the vCPU
+    /// thread's run delay is now `run_delay_ns`. Folds the growth in without
+    /// waiting for the next entry, as KVM updates the structure whenever the
+    /// vCPU thread is scheduled back in (`kvm_arch_vcpu_load`). No preempted
+    /// flag: `descheduled` is never asked for.
     fn sample(
         &mut self,
         mem: &dyn GuestMemory,
         run_delay_ns: Option<u64>,
         _descheduled: bool,
     ) -> bool {
-        if let Some(rd) = run_delay_ns {
-            PvTime::sample(self, mem, rd);
+        if self.active != 0 && run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
+            self.fold(mem);
         }
         false
     }
@@ -202,6 +186,8 @@ mod tests {
     #![allow(clippy::disallowed_methods)]
     use super::*;
     use crate::memory::tests::FakeRam;
+    use crate::memory::NoMemory;
+    use crate::steal::StealArea;
 
     const BASE: u64 = 0x1040;
 
@@ -248,16 +234,16 @@ mod tests {
         let ram = FakeRam::new(0x4000);
         let mut p = PvTime::default();
         p.set_base(BASE).unwrap();
-        p.sample(&ram, 500);
+        p.sample(&ram, Some(500), false);
         assert_eq!(ram.write_count(), 0, "inactive: never written");
         p.init(&ram);
         let mm = Threading::Mttcg;
-        p.sample(&ram, 500);
+        p.sample(&ram, Some(500), false);
         assert_eq!(stolen(&ram), 0, "no entry yet: nothing to count from");
         p.enter(&ram, mm, 1, 1_000);
-        p.sample(&ram, 1_600);
+        p.sample(&ram, Some(1_600), false);
         assert_eq!(stolen(&ram), 600, "written without an entry");
-        p.sample(&ram, 1_600);
+        p.sample(&ram, Some(1_600), false);
         p.enter(&ram, mm, 2, 1_900);
         assert_eq!(stolen(&ram), 900, "the entry adds only what is new");
         assert_eq!(ram.writes_outside(BASE, layout::SIZE), 0);
@@ -275,15 +261,15 @@ mod tests {
         p.init(&ram);
         let rr = Threading::RoundRobin { peers: true };
         p.enter(&ram, rr, 1_000, 0);
-        p.exit(rr, 2_000, 0, false);
+        p.exit(&NoMemory, rr, 2_000, 0, false);
         p.enter(&ram, rr, 7_000, 0);
         assert_eq!(stolen(&ram), 5_000);
-        p.exit(rr, 8_000, 0, true);
+        p.exit(&NoMemory, rr, 8_000, 0, true);
         p.enter(&ram, rr, 9_000, 0);
         assert_eq!(stolen(&ram), 5_000, "halted is not stolen");
         p.reset();
         let writes = ram.write_count();
-        p.exit(rr, 10_000, 0, false);
+        p.exit(&NoMemory, rr, 10_000, 0, false);
         p.enter(&ram, rr, 20_000, 0);
         assert_eq!(ram.write_count(), writes);
         assert_eq!(p.base, BASE, "the machine's address survives reset");

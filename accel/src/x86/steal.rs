@@ -115,82 +115,6 @@ impl StealTime {
         Ok(())
     }
 
-    /// The vCPU enters guest execution at host time `now_ns`, its thread's
-    /// run delay being `run_delay_ns`: fold the steal in and clear
-    /// `preempted` in the guest's structure, as `record_steal_time` does.
-    pub fn enter(
-        &mut self,
-        mem: &dyn GuestMemory,
-        threading: Threading,
-        now_ns: u64,
-        run_delay_ns: u64,
-    ) {
-        if !self.enabled() {
-            return;
-        }
-        self.clock.enter(threading, now_ns, run_delay_ns);
-        self.record(mem, true);
-    }
-
-    /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
-    pub fn exit(
-        &mut self,
-        mem: &dyn GuestMemory,
-        threading: Threading,
-        now_ns: u64,
-        run_delay_ns: u64,
-        halted: bool,
-    ) {
-        if self.enabled() && self.clock.exit(threading, now_ns, run_delay_ns, halted) {
-            self.set_preempted(mem);
-        }
-    }
-
-    /// MTTCG sampler (another thread, every tick): the vCPU thread's run
-    /// delay is now `run_delay_ns` (None: not read this tick), and
-    /// `descheduled` says whether the thread is runnable but off the host
-    /// CPUs now (see `Vcpu::sample`). Folds the steal in at once, sets
-    /// `preempted` while descheduled, clears it once the thread runs again
-    /// (it may not re-enter for a long time). A halted vCPU's thread sleeps:
-    /// it is never descheduled. True if it marked the vCPU preempted now.
-    pub fn sample(
-        &mut self,
-        mem: &dyn GuestMemory,
-        run_delay_ns: Option<u64>,
-        descheduled: bool,
-    ) -> bool {
-        if !self.enabled() {
-            return false;
-        }
-        if run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
-            // The vCPU is not entering: `preempted` is the sampler's to decide.
-            self.record(mem, false);
-        }
-        if descheduled {
-            self.set_preempted(mem)
-        } else {
-            self.clear_preempted(mem);
-            false
-        }
-    }
-
-    /// Clear `preempted` in the guest's structure if we set it: the vCPU
-    /// runs (an entry that does not fold steal in, or the sampler).
-    pub fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
-        if self.enabled()
-            && self.preempted != 0
-            && GuestRam::new(mem).write(self.gpa() + layout::PREEMPTED, &[0])
-        {
-            self.preempted = 0;
-        }
-    }
-
-    /// Mark the vCPU preempted now (another vCPU found it off the host
-    /// CPUs); nothing unless steal time is on. True if it marked it now.
-    pub fn mark_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
-        self.enabled() && self.set_preempted(mem)
-    }
-
     /// `kvm_steal_time_set_preempted`: mark the vCPU preempted in the guest.
     /// True if the flag was clear and is set now.
     fn set_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
@@ -239,9 +163,14 @@ impl crate::steal::StealArea for StealTime {
     fn on(&self) -> bool {
         self.enabled()
     }
+
     fn clock(&self) -> &StealClock {
         &self.clock
     }
+
+    /// The vCPU enters guest execution at host time `now_ns`, its thread's
+    /// run delay being `run_delay_ns`: fold the steal in and clear
+    /// `preempted` in the guest's structure, as `record_steal_time` does.
     fn enter(
         &mut self,
         mem: &dyn GuestMemory,
@@ -249,8 +178,14 @@ impl crate::steal::StealArea for StealTime {
         now_ns: u64,
         run_delay_ns: u64,
     ) {
-        StealTime::enter(self, mem, threading, now_ns, run_delay_ns);
+        if !self.enabled() {
+            return;
+        }
+        self.clock.enter(threading, now_ns, run_delay_ns);
+        self.record(mem, true);
     }
+
+    /// The vCPU leaves guest execution; `halted` if it stopped voluntarily.
     fn exit(
         &mut self,
         mem: &dyn GuestMemory,
@@ -259,24 +194,58 @@ impl crate::steal::StealArea for StealTime {
         run_delay_ns: u64,
         halted: bool,
     ) {
-        StealTime::exit(self, mem, threading, now_ns, run_delay_ns, halted);
+        if self.enabled() && self.clock.exit(threading, now_ns, run_delay_ns, halted) {
+            self.set_preempted(mem);
+        }
     }
+
+    /// MTTCG sampler (another thread, every tick): the vCPU thread's run
+    /// delay is now `run_delay_ns` (None: not read this tick), and
+    /// `descheduled` says whether the thread is runnable but off the host
+    /// CPUs now (see `Vcpu::sample`). Folds the steal in at once, sets
+    /// `preempted` while descheduled, clears it once the thread runs again
+    /// (it may not re-enter for a long time). A halted vCPU's thread sleeps:
+    /// it is never descheduled. True if it marked the vCPU preempted now.
     fn sample(
         &mut self,
         mem: &dyn GuestMemory,
         run_delay_ns: Option<u64>,
         descheduled: bool,
     ) -> bool {
-        StealTime::sample(self, mem, run_delay_ns, descheduled)
+        if !self.enabled() {
+            return false;
+        }
+        if run_delay_ns.is_some_and(|rd| self.clock.sample(rd)) {
+            // The vCPU is not entering: `preempted` is the sampler's to decide.
+            self.record(mem, false);
+        }
+        if descheduled {
+            self.set_preempted(mem)
+        } else {
+            self.clear_preempted(mem);
+            false
+        }
     }
+
+    /// Clear `preempted` in the guest's structure if we set it: the vCPU
+    /// runs (an entry that does not fold steal in, or the sampler).
+    fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
+        if self.enabled()
+            && self.preempted != 0
+            && GuestRam::new(mem).write(self.gpa() + layout::PREEMPTED, &[0])
+        {
+            self.preempted = 0;
+        }
+    }
+
+    /// Mark the vCPU preempted now (another vCPU found it off the host
+    /// CPUs); nothing unless steal time is on. True if it marked it now.
+    fn mark_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
+        self.enabled() && self.set_preempted(mem)
+    }
+
     fn has_preempted_flag(&self) -> bool {
         true
-    }
-    fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
-        StealTime::clear_preempted(self, mem);
-    }
-    fn mark_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
-        StealTime::mark_preempted(self, mem)
     }
 }
 
@@ -286,6 +255,7 @@ mod tests {
     #![allow(clippy::disallowed_methods)]
     use super::*;
     use crate::memory::tests::FakeRam;
+    use crate::steal::StealArea;
 
     const GPA: u64 = 0x1000;
 
