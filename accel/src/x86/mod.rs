@@ -3,6 +3,7 @@
 pub mod clock;
 pub mod cpuid;
 pub mod hypercall;
+pub mod lbr;
 pub mod pmu;
 pub mod steal;
 pub mod vcpu;
@@ -19,6 +20,12 @@ pub enum X86Error {
         msr: u32,
         /// The value written.
         value: u64,
+    },
+    /// An MSR this vCPU does not have (KVM's `KVM_MSR_RET_UNSUPPORTED`).
+    #[error("MSR {msr:#x} not present on this vCPU")]
+    Unsupported {
+        /// The MSR.
+        msr: u32,
     },
 }
 
