@@ -17,7 +17,10 @@ set -euo pipefail
 bash "$RUSTKVM_ROOT/scripts/deps.sh"
 
 QDIR="$RUSTKVM_CACHE/qemu"
-QSRC="$QDIR/src"
+# RUSTKVM_QEMU_SRC: another patched source tree (with RUSTKVM_QEMU_BUILD, a
+# private pair: a clone at other patches builds there without rewriting the
+# shared tree under a test run of another clone).
+QSRC="${RUSTKVM_QEMU_SRC:-$QDIR/src}"
 # RUSTKVM_QEMU_BUILD: another build directory (scripts/bench-build.sh uses one).
 # RUSTKVM_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer build
 # (QEMU's --enable-asan --enable-ubsan) in its own directory, qemu/build-san
@@ -56,8 +59,8 @@ esac
 step "apply qemu-patches/*.patch"
 patches=("$RUSTKVM_ROOT"/qemu-patches/*.patch)
 key=$( { basename "$orig"; cat "${patches[@]}"; } | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$QDIR/src.key" 2>/dev/null)" != "$key" ]; then
-    tmp="$QDIR/src.new"
+if [ "$(cat "$QSRC.key" 2>/dev/null)" != "$key" ]; then
+    tmp="$QSRC.new"
     rm -rf "$tmp"; mkdir -p "$tmp"
     tar --no-same-owner -C "$tmp" -xf "$orig" || die "cannot unpack $orig"
     top="$tmp/qemu-$ver"
@@ -73,7 +76,7 @@ if [ "$(cat "$QDIR/src.key" 2>/dev/null)" != "$key" ]; then
     rsync -rlc --delete --exclude /include/system/rustkvm.h "$top/" "$QSRC/" \
         || die "rsync into $QSRC failed"
     rm -rf "$tmp"
-    echo "$key" > "$QDIR/src.key"
+    echo "$key" > "$QSRC.key"
     ok "patched tree at $QSRC"
 else
     ok "patched tree up to date"
