@@ -430,12 +430,6 @@ bool rustkvm_arm_set_pvtime(RustkvmVcpu *vcpu, uint64_t ipa);
 bool rustkvm_arm_pvtime_active(RustkvmVcpu *vcpu);
 /** Restore that after loading the vCPU (loadvm, incoming migration). */
 void rustkvm_arm_load_pvtime(RustkvmVcpu *vcpu, bool active);
-/**
- * The VM-wide counter offset (counter-offset property), to be added to the
- * generic timer's architectural offsets: every counter view of the guest is
- * the raw counter minus it, modulo 2^64. Any thread.
- */
-uint64_t rustkvm_arm_counter_offset(void);
 
 /* arm64 routing points (vCPU thread). */
 /**
@@ -605,5 +599,12 @@ extern bool rustkvm_allowed;
 #define rustkvm_enabled() (rustkvm_allowed)
 /** The Rust vCPU of a CPUState (NULL before the vCPU thread is created). */
 #define RUSTKVM_VCPU(cs) ((RustkvmVcpu *)(cs)->accel)
+/**
+ * arm64: the VM-wide counter offset (`-accel rustkvm,counter-offset=N`, the
+ * accelerator's property: its one copy), to be added to the generic timer's
+ * architectural offsets: every counter view of the guest is the raw counter
+ * minus it, modulo 2^64 (KVM_ARM_SET_COUNTER_OFFSET). Any thread.
+ */
+uint64_t qemu_rustkvm_counter_offset(void);
 
 #endif /* RUSTKVM_H */

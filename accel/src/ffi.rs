@@ -7,7 +7,6 @@
 //! signature matches the header's.
 
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -40,9 +39,6 @@ use header::{RustkvmConfig, RustkvmVcpu};
 /// The process's machine (QEMU runs one machine per process).
 static VM: Mutex<Option<Arc<Vm>>> = Mutex::new(None);
 
-/// The machine's arm64 counter offset, read on timer accesses without the
-/// machine lock.
-static COUNTER_OFFSET: AtomicU64 = AtomicU64::new(0);
 /// How often the MTTCG sampler looks at the vCPU threads while a guest has
 /// steal time or PV time on: the `preempted` hint lags the host's
 /// scheduling by up to 1.5 of this (docs/steal-time.md).
@@ -106,7 +102,6 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     if vm.is_some() {
         return error_code(AccelError::MachineExists);
     }
-    COUNTER_OFFSET.store(vm_config.counter_offset, Ordering::Relaxed);
     let memory = Box::new(HostMemory(config.ops));
     let machine = Arc::new(Vm::with_memory(vm_config, memory));
     if vm_config.mttcg {
@@ -240,7 +235,6 @@ pub unsafe extern "C" fn rustkvm_strerror(err: i32) -> *const c_char {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rustkvm_machine_exit() {
     let vm = VM.lock().take();
-    COUNTER_OFFSET.store(0, Ordering::Relaxed);
     if let Some(vm) = vm {
         if vm.config().stats {
             eprint!("{}", vm.stats_report());
@@ -943,15 +937,6 @@ pub unsafe extern "C" fn rustkvm_arm_load_pvtime(vcpu: *mut RustkvmVcpu, active:
     }
 }
 
-/// The VM-wide arm64 counter offset (0 without a machine).
-///
-/// # Safety
-/// Always safe to call; `unsafe` only for uniformity of the ABI.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_arm_counter_offset() -> u64 {
-    COUNTER_OFFSET.load(Ordering::Relaxed)
-}
-
 /// PMU system register read routing point.
 ///
 /// # Safety
@@ -1075,6 +1060,7 @@ mod tests {
     //! The FFI layer is tested through the same calls QEMU makes. The process
     //! has one machine, so one test walks the whole lifecycle.
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::ffi::CStr;
 
     #[test]
@@ -1308,7 +1294,6 @@ mod tests {
             assert!(!rustkvm_arm_set_pvtime(std::ptr::null_mut(), 0x1000));
             assert!(!rustkvm_arm_pvtime_active(std::ptr::null_mut()));
             rustkvm_arm_load_pvtime(std::ptr::null_mut(), true);
-            assert_eq!(rustkvm_arm_counter_offset(), 0, "x86: none");
             rustkvm_machine_exit();
             assert!(
                 rustkvm_vcpu_create(0, std::ptr::null_mut()).is_null(),

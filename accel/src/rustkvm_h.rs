@@ -418,10 +418,6 @@ unsafe extern "C" {
     pub fn rustkvm_arm_load_pvtime(vcpu: *mut RustkvmVcpu, active: bool);
 }
 unsafe extern "C" {
-    #[doc = " The VM-wide counter offset (counter-offset property), to be added to the\n generic timer's architectural offsets: every counter view of the guest is\n the raw counter minus it, modulo 2^64. Any thread."]
-    pub fn rustkvm_arm_counter_offset() -> u64;
-}
-unsafe extern "C" {
     #[doc = " HVC or SMC from AArch64 with the PSCI conduit's instruction: regs[0..8] =\n x0..x7 in; on HANDLED, regs[0..4] are written back to x0..x3 (SMCCC 1.1,\n PV time, KVM's vendor UID). Any other result lets QEMU's PSCI\n implementation answer."]
     pub fn rustkvm_arm_hvc_smc(vcpu: *mut RustkvmVcpu, is_smc: bool, regs: *mut u64) -> u32;
 }
