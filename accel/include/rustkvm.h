@@ -457,10 +457,12 @@ uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
 /**
  * After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its
  * event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event
- * counters) and the counting state in its CPUARMState (reset here).
+ * counters), the counting state in its CPUARMState (reset here) and the
+ * generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call).
  */
 void rustkvm_arm_vcpu_setup(RustkvmVcpu *vcpu, bool pmu, uint32_t counters,
-                            bool v3p5, RustkvmCounting *counting);
+                            bool v3p5, RustkvmCounting *counting,
+                            uint64_t cntfrq_hz);
 /** As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU. */
 void rustkvm_arm_pmu_due(RustkvmVcpu *vcpu);
 /** PMCEID0_EL0 (n = 0) or PMCEID1_EL0 (n = 1): the events counted. */

@@ -986,13 +986,14 @@ pub unsafe extern "C" fn rustkvm_arm_vcpu_setup(
     counters: u32,
     v3p5: bool,
     counting: *mut header::RustkvmCounting,
+    cntfrq_hz: u64,
 ) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { arm_ref(vcpu) } {
         let n = pmu.then(|| counters.min(31) as u8);
         // SAFETY: as in rustkvm_x86_vcpu_setup (forwarded caller contract).
         let counting = unsafe { CountingPtr::new(counting.cast::<Counting>()) };
-        v.setup(n, v3p5, counting);
+        v.setup(n, v3p5, counting, cntfrq_hz);
     }
 }
 
@@ -1060,8 +1061,8 @@ mod tests {
     //! The FFI layer is tested through the same calls QEMU makes. The process
     //! has one machine, so one test walks the whole lifecycle.
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::ffi::CStr;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     #[test]
     fn lifecycle_and_routing_through_the_c_abi() {

@@ -60,6 +60,10 @@ pub struct Shared {
     pub old_kvmclock_on_boot_vcpu: AtomicBool,
     /// x86: `pmu-counters` (set once at machine creation).
     pub(crate) pmu_counters: AtomicU32,
+    /// arm64: `counter-offset`, KVM's VM-wide counter offset (both
+    /// `voffset` and `poffset`), as the models need it (KVM's PTP call);
+    /// QEMU's timer code reads the accelerator property itself.
+    pub counter_offset: u64,
     /// The MTTCG sampler found a vCPU thread kept off the host CPUs lately.
     pub(crate) contended: AtomicBool,
     /// The VM is running (QEMU's run state, [`Vm::set_running`]). Threads of
@@ -102,6 +106,7 @@ impl Shared {
             wall_clock_msr: AtomicU64::new(0),
             old_kvmclock_on_boot_vcpu: AtomicBool::new(false),
             pmu_counters: AtomicU32::new(0),
+            counter_offset: 0,
             contended: AtomicBool::new(false),
             running: parking_lot::RwLock::new(false),
         }
@@ -159,6 +164,12 @@ impl Shared {
         } else {
             self.sched.current_run_delay_ns()
         }
+    }
+
+    /// Host real time and VM time as one consistent pair (see
+    /// [`crate::host::real_and_vm_ns`]).
+    pub fn real_and_vm_ns(&self) -> (u64, u64) {
+        crate::host::real_and_vm_ns(crate::host::realtime_ns, || self.virtual_ns())
     }
 
     /// The VM's guest TSC rate.

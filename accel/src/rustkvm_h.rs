@@ -436,13 +436,14 @@ unsafe extern "C" {
         -> u32;
 }
 unsafe extern "C" {
-    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters) and the counting state in its CPUARMState (reset here)."]
+    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters), the counting state in its CPUARMState (reset here) and the\n generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call)."]
     pub fn rustkvm_arm_vcpu_setup(
         vcpu: *mut RustkvmVcpu,
         pmu: bool,
         counters: u32,
         v3p5: bool,
         counting: *mut RustkvmCounting,
+        cntfrq_hz: u64,
     );
 }
 unsafe extern "C" {

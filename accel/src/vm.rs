@@ -159,6 +159,7 @@ impl Vm {
     ) -> Self {
         let mut shared = Shared::with_sched(memory, config.mttcg, sched);
         shared.icount = config.icount;
+        shared.counter_offset = config.counter_offset;
         shared
             .pmu_counters
             .store(u32::from(config.pmu_counters), Ordering::Relaxed);

@@ -28,6 +28,14 @@ pub const PV_TIME_ST: u32 = 0xc500_0021;
 pub const VENDOR_HYP_CALL_UID: u32 = 0x8600_ff01;
 /// ARM_SMCCC_VENDOR_HYP_KVM_FEATURES_FUNC_ID.
 pub const VENDOR_HYP_KVM_FEATURES: u32 = 0x8600_0000;
+/// ARM_SMCCC_VENDOR_HYP_KVM_PTP_FUNC_ID (SMC32 fast, vendor hypervisor
+/// owner, function 1): the host's real time and the guest's counter, read
+/// together (`kvm_ptp_get_time`, drivers/ptp/ptp_kvm_arm.c).
+pub const VENDOR_HYP_KVM_PTP: u32 = 0x8600_0001;
+/// KVM_PTP_VIRT_COUNTER: the PTP call's x1 for the virtual counter.
+pub const KVM_PTP_VIRT_COUNTER: u32 = 0;
+/// KVM_PTP_PHYS_COUNTER: ... for the physical counter.
+pub const KVM_PTP_PHYS_COUNTER: u32 = 1;
 
 /// ARM_SMCCC_TRNG_VERSION (SMC32 fast, standard secure owner, 0x50).
 pub const TRNG_VERSION: u32 = 0x8400_0050;
@@ -62,6 +70,9 @@ pub const RET_WORKAROUND_UNAFFECTED: u64 = 1;
 pub const KVM_UID: [u64; 4] = [0xb66f_b428, 0xe911_c52e, 0x564b_caa9, 0x743a_004d];
 /// ARM_SMCCC_KVM_FUNC_FEATURES: bit of the vendor feature bitmap.
 pub const KVM_FUNC_FEATURES: u32 = 0;
+/// ARM_SMCCC_KVM_FUNC_PTP: bit of the vendor feature bitmap (on by
+/// default in KVM's `vendor_hyp_bmap`).
+pub const KVM_FUNC_PTP: u32 = 1;
 
 /// A call rustkvm answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +93,8 @@ pub enum Call {
     VendorUid,
     /// The KVM vendor feature bitmap.
     VendorFeatures,
+    /// KVM's PTP call for counter `x1` (W1).
+    Ptp(u32),
     /// TRNG_VERSION.
     TrngVersion,
     /// TRNG_FEATURES of a function ID.
@@ -112,6 +125,7 @@ impl Call {
             PV_TIME_ST => Call::PvTimeSt,
             VENDOR_HYP_CALL_UID => Call::VendorUid,
             VENDOR_HYP_KVM_FEATURES => Call::VendorFeatures,
+            VENDOR_HYP_KVM_PTP => Call::Ptp(arg),
             TRNG_VERSION => Call::TrngVersion,
             TRNG_FEATURES => Call::TrngFeatures(arg),
             TRNG_GET_UUID => Call::TrngUuid,
@@ -136,6 +150,10 @@ pub trait Services {
     fn pv_time_init(&mut self) -> Option<u64>;
     /// TRNG: fill `buf` from the host's entropy (KVM: `get_random_long`).
     fn random(&mut self, buf: &mut [u64; 3]);
+    /// KVM's PTP: host real time (ns since the Unix epoch) and the guest's
+    /// virtual (`physical` false) or physical counter, read at one instant;
+    /// None if the vCPU cannot tell (no counter frequency known).
+    fn ptp(&mut self, physical: bool) -> Option<(u64, u64)>;
 }
 
 /// Answer a decoded call: x0..x3 (KVM zeroes x1..x3 unless it returns them).
@@ -150,7 +168,8 @@ pub fn handle(call: Call, svc: &mut dyn Services) -> [u64; 4] {
         Call::PvTimeFeatures(_) => RET_NOT_SUPPORTED,
         Call::PvTimeSt => svc.pv_time_init().unwrap_or(RET_NOT_SUPPORTED),
         Call::VendorUid => return KVM_UID,
-        Call::VendorFeatures => 1 << KVM_FUNC_FEATURES,
+        Call::VendorFeatures => 1 << KVM_FUNC_FEATURES | 1 << KVM_FUNC_PTP,
+        Call::Ptp(kind) => return ptp(kind, svc),
         Call::TrngVersion => TRNG_VERSION_1_0,
         Call::TrngFeatures(
             TRNG_VERSION | TRNG_FEATURES | TRNG_GET_UUID | TRNG_RND32 | TRNG_RND64,
@@ -160,6 +179,26 @@ pub fn handle(call: Call, svc: &mut dyn Services) -> [u64; 4] {
         Call::TrngRnd { bits, wide } => return trng_rnd(bits, wide, svc),
     };
     [x0, 0, 0, 0]
+}
+
+/// KVM's PTP call as `kvm_ptp_get_time`: x0/x1 the upper and lower 32 bits
+/// of the host's real time in ns, x2/x3 those of the counter; an unknown
+/// counter leaves NOT_SUPPORTED in x0 (and zeros).
+fn ptp(kind: u32, svc: &mut dyn Services) -> [u64; 4] {
+    let physical = match kind {
+        KVM_PTP_VIRT_COUNTER => false,
+        KVM_PTP_PHYS_COUNTER => true,
+        _ => return [RET_NOT_SUPPORTED, 0, 0, 0],
+    };
+    match svc.ptp(physical) {
+        Some((real, cycles)) => [
+            real >> 32,
+            real & 0xffff_ffff,
+            cycles >> 32,
+            cycles & 0xffff_ffff,
+        ],
+        None => [RET_NOT_SUPPORTED, 0, 0, 0],
+    }
 }
 
 /// TRNG_RND32/RND64 as `kvm_trng_do_rnd`: at most 96/192 bits, else
@@ -218,6 +257,11 @@ mod tests {
         }
         fn random(&mut self, buf: &mut [u64; 3]) {
             *buf = [u64::MAX; 3];
+        }
+        fn ptp(&mut self, physical: bool) -> Option<(u64, u64)> {
+            // Real time 0x1_2345_6789 ns; the virtual counter 0xab_cdef_0123,
+            // the physical one 1 more.
+            Some((0x1_2345_6789, 0xab_cdef_0123 + u64::from(physical)))
         }
     }
 
@@ -352,6 +396,35 @@ mod tests {
             call(0x8600_ff01, 0, &mut s),
             Some([0xb66f_b428, 0xe911_c52e, 0x564b_caa9, 0x743a_004d])
         );
-        assert_eq!(call(0x8600_0000, 0, &mut s), Some([1, 0, 0, 0]), "no PTP");
+        assert_eq!(
+            call(0x8600_0000, 0, &mut s),
+            Some([0b11, 0, 0, 0]),
+            "FEATURES and PTP"
+        );
+    }
+
+    #[test]
+    fn ptp_returns_real_time_and_the_counter_in_32_bit_halves() {
+        let mut s = Svc(None, 0);
+        assert_eq!(
+            call(0x8600_0001, 0, &mut s),
+            Some([0x1, 0x2345_6789, 0xab, 0xcdef_0123]),
+            "virtual counter"
+        );
+        assert_eq!(
+            call(0x8600_0001, 1, &mut s),
+            Some([0x1, 0x2345_6789, 0xab, 0xcdef_0124]),
+            "physical counter"
+        );
+        assert_eq!(
+            call(0x8600_0001, 2, &mut s),
+            Some([RET_NOT_SUPPORTED, 0, 0, 0]),
+            "no such counter"
+        );
+        assert_eq!(
+            call(0x8600_0001, 0xffff_ffff_0000_0001, &mut s).unwrap()[3],
+            0xcdef_0124,
+            "W1: the upper half is ignored"
+        );
     }
 }

@@ -7,6 +7,8 @@
 //! service its function ID names ([`smccc::Call::decode`], [`smccc::handle`]),
 //! else it is QEMU's PSCI.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::arm::pmu::{self, PmuReg};
@@ -115,6 +117,9 @@ pub struct ArmVcpu {
     pvtime: Mutex<PvTime>,
     // The PMU, without a lock (see LocalCell).
     pub(crate) local: LocalCell<ArmLocal>,
+    // The generic timer's counter frequency (CNTFRQ_EL0, Hz; 0: unknown),
+    // set at each setup: KVM's PTP call converts VM time with it.
+    cntfrq_hz: AtomicU64,
 }
 
 impl ArmVcpu {
@@ -166,6 +171,7 @@ impl<'a> Arm<'a> {
                 let mut svc = SmcccServices {
                     pvtime: &mut self.a.lock_pvtime(),
                     vcpu: self.vcpu,
+                    cntfrq_hz: self.a.cntfrq_hz.load(Ordering::Relaxed),
                 };
                 Route::Handled(smccc::handle(call, &mut svc))
             }
@@ -303,8 +309,16 @@ impl<'a> Arm<'a> {
     }
 
     /// After each reset: the vCPU's PMUv3 (None: none; Some(n): n event
-    /// counters), PMUv3p5, and the counting engine's state (reset).
-    pub fn setup(&self, counters: Option<u8>, v3p5: bool, counting: Option<CountingPtr>) {
+    /// counters), PMUv3p5, the counting engine's state (reset) and the
+    /// generic timer's counter frequency (Hz; 0: unknown).
+    pub fn setup(
+        &self,
+        counters: Option<u8>,
+        v3p5: bool,
+        counting: Option<CountingPtr>,
+        cntfrq_hz: u64,
+    ) {
+        self.a.cntfrq_hz.store(cntfrq_hz, Ordering::Relaxed);
         self.local(|l| {
             *l = ArmLocal {
                 pmu: pmu::Pmu::new(pmu::PmuConfig { counters, v3p5 }),
@@ -322,6 +336,7 @@ impl<'a> Arm<'a> {
 struct SmcccServices<'a> {
     pvtime: &'a mut PvTime,
     vcpu: &'a Vcpu,
+    cntfrq_hz: u64,
 }
 
 impl smccc::Services for SmcccServices<'_> {
@@ -336,6 +351,23 @@ impl smccc::Services for SmcccServices<'_> {
     }
     fn random(&mut self, buf: &mut [u64; 3]) {
         crate::host::random(buf);
+    }
+    /// `kvm_ptp_get_time`: the counter is QEMU's (`gt_get_countervalue`:
+    /// VM ns over the counter period in whole ns) minus KVM's VM offset
+    /// (`voffset`/`poffset`, both the counter offset), read with real time
+    /// as one pair. A guest's own CNTVOFF_EL2 (nested virtualization) is
+    /// not subtracted, as KVM's VM-level offsets do not include it.
+    fn ptp(&mut self, _physical: bool) -> Option<(u64, u64)> {
+        if self.cntfrq_hz == 0 {
+            return None;
+        }
+        let shared = &self.vcpu.shared;
+        let (real, vm_ns) = shared.real_and_vm_ns();
+        let period_ns = (1_000_000_000 / self.cntfrq_hz).max(1);
+        Some((
+            real,
+            (vm_ns / period_ns).wrapping_sub(shared.counter_offset),
+        ))
     }
 }
 
@@ -364,7 +396,7 @@ mod tests {
         let vcpu = Vcpu::new(0, Arch::Aarch64);
         let v = vcpu.arm().unwrap();
         let c = TestCounting::new(Counting::default());
-        v.setup(Some(6), true, c.ptr());
+        v.setup(Some(6), true, c.ptr(), 1_000_000_000);
         // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
         // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
         let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =

@@ -337,10 +337,12 @@ impl World {
     }
 
     fn setup(&mut self, i: usize) {
-        self.vcpus[i]
-            .arm()
-            .unwrap()
-            .setup(self.pmu.0, self.pmu.1, self.counting[i].ptr());
+        self.vcpus[i].arm().unwrap().setup(
+            self.pmu.0,
+            self.pmu.1,
+            self.counting[i].ptr(),
+            1_000_000_000,
+        );
     }
 
     fn active(&self) -> Vec<Region> {
@@ -700,6 +702,24 @@ impl World {
             0xc500_0021 => Some(base.unwrap_or(NOT_SUPPORTED)),
             // UID, vendor features, workarounds, PSCI: no rule here.
             0x8600_ff01 | 0x8600_0000 | 0x8000_8000 | 0x8000_3fff => None,
+            // KVM's PTP: real time and the counter for counters 0 and 1
+            // (the vCPU has a counter frequency here), NOT_SUPPORTED else.
+            0x8600_0001 => {
+                let Route::Handled(v) = r else {
+                    return Err(TestCaseError::fail(format!("PTP: {r:?}")));
+                };
+                prop_assert!(
+                    if arg <= 1 {
+                        v.iter().all(|w| *w >> 32 == 0) && (v[0] | v[1]) != 0
+                    } else {
+                        v == [NOT_SUPPORTED, 0, 0, 0]
+                    },
+                    "PTP({}): {:x?}",
+                    arg,
+                    v
+                );
+                None
+            }
             0x8400_0000..=0x8400_001f | 0xc400_0000..=0xc400_001f => None,
             _ => {
                 prop_assert!(

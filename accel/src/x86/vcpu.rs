@@ -356,7 +356,7 @@ impl<'a> X86<'a> {
             MsrOwner::WallClock => {
                 let shared = self.shared();
                 shared.wall_clock_msr.store(value, Ordering::Relaxed);
-                let (real, vm) = real_and_vm_ns(realtime_ns, || shared.virtual_ns());
+                let (real, vm) = shared.real_and_vm_ns();
                 clock::write_wall_clock(&*shared.host, value, vm, real);
                 Timer::Unchanged
             }
@@ -633,42 +633,6 @@ impl<'a> X86<'a> {
     }
 }
 
-/// Host real time, ns since the Unix epoch.
-fn realtime_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// Host real time and VM time as one consistent pair, as KVM reads the
-/// host's clocks under one seqcount (`kvm_get_wall_clock_epoch`,
-/// `kvm_get_time_and_clockread`): of up to [`PAIR_TRIES`] rounds of reads
-/// real, VM, real, the first whose real-time reads lie within
-/// [`PAIR_GAP_NS`] of each other, else the closest one; real time is their
-/// midpoint. A host stall between two reads would otherwise move the
-/// guest's wall clock by the stall (seen: 160 ms ahead on a loaded host).
-fn real_and_vm_ns(mut real: impl FnMut() -> u64, mut vm: impl FnMut() -> u64) -> (u64, u64) {
-    let mut best = (u64::MAX, 0, 0);
-    for _ in 0..PAIR_TRIES {
-        let r1 = real();
-        let v = vm();
-        let r2 = real().max(r1);
-        let gap = r2 - r1;
-        if gap < best.0 {
-            best = (gap, r1 + gap / 2, v);
-        }
-        if gap <= PAIR_GAP_NS {
-            break;
-        }
-    }
-    (best.1, best.2)
-}
-
-/// Rounds [`real_and_vm_ns`] tries at most.
-const PAIR_TRIES: u32 = 8;
-/// A gap between the real-time reads that ends [`real_and_vm_ns`]'s tries.
-const PAIR_GAP_NS: u64 = 100_000;
-
 /// The vCPU as the hypercall handler sees it.
 struct HypercallServices<'a>(X86<'a>);
 
@@ -680,7 +644,7 @@ impl hypercall::Services for HypercallServices<'_> {
     /// `struct kvm_clock_pairing` (64 bytes): sec, nsec, tsc, flags 0, pad.
     fn clock_pairing(&mut self, gpa: u64) -> bool {
         let shared = self.0.shared();
-        let (real, now) = real_and_vm_ns(realtime_ns, || shared.virtual_ns());
+        let (real, now) = shared.real_and_vm_ns();
         let tsc = self.0.x.lock().clock.tsc(shared.tsc_rate(), now);
         let pairing = clock::KvmClockPairing {
             sec: (real / 1_000_000_000) as i64,
@@ -848,27 +812,6 @@ mod tests {
             Vcpu::new(0, Arch::Aarch64).x86().is_none(),
             "no x86 routing on arm64"
         );
-    }
-
-    #[test]
-    fn the_wall_clock_pair_skips_a_round_with_a_host_stall() {
-        // Round 1: stalled 160 ms between the real-time reads; round 2: not.
-        let reals = std::cell::RefCell::new(vec![1_000, 160_001_000, 200_000_000, 200_000_050]);
-        let vms = std::cell::RefCell::new(vec![500, 199_999_525]);
-        let next = |v: &std::cell::RefCell<Vec<u64>>| v.borrow_mut().remove(0);
-        let (real, vm) = real_and_vm_ns(|| next(&reals), || next(&vms));
-        assert_eq!((real, vm), (200_000_025, 199_999_525));
-        assert_eq!(real - vm, 500, "the epoch of the stall-free round");
-        // Always stalled: the closest round.
-        let mut t = 0u64;
-        let (real, _) = real_and_vm_ns(
-            || {
-                t += 1_000_000;
-                t
-            },
-            || 0,
-        );
-        assert_eq!(real, 1_500_000);
     }
 
     #[test]

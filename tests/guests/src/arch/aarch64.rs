@@ -426,6 +426,14 @@ pub fn cntvct() -> u64 {
     v
 }
 
+/// CNTPCT_EL0, the physical counter.
+pub fn cntpct() -> u64 {
+    let v: u64;
+    // SAFETY: reading the physical counter at EL1 has no side effects.
+    unsafe { asm!("isb; mrs {}, cntpct_el0", out(reg) v, options(nomem, nostack)) };
+    v
+}
+
 /// CNTFRQ_EL0, the counter frequency in Hz.
 pub fn cntfrq() -> u64 {
     let v: u64;

@@ -41,13 +41,7 @@ mod timer {
     /// The counter, read on both vCPUs.
     pub static CROSS: guest::cross::CrossCheck = guest::cross::CrossCheck::new();
 
-    /// CNTPCT_EL0.
-    pub fn cntpct() -> u64 {
-        let v: u64;
-        // SAFETY: reading the physical counter at EL1 has no side effects.
-        unsafe { core::arch::asm!("isb; mrs {}, cntpct_el0", out(reg) v, options(nomem, nostack)) };
-        v
-    }
+    pub use guest::arch::cntpct;
 
     /// Which timer.
     #[derive(Clone, Copy)]
