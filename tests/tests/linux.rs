@@ -719,8 +719,13 @@ fn aarch64_linux_smccc_1_1_pv_time_and_an_exact_pmuv3_under_rustkvm() {
         "{}",
         k["dmesg"]
     );
+    // Linux prints KVM's vendor feature bitmap: FEATURES (bit 0) and PTP
+    // (bit 1), KVM's default.
     assert!(
-        dmesg_has(k, "smccc: KVM: hypervisor services detected"),
+        dmesg_has(
+            k,
+            "smccc: KVM: hypervisor services detected (0x00000000 0x00000000 0x00000000 0x00000003)"
+        ),
         "{}",
         k["dmesg"]
     );
