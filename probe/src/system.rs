@@ -92,14 +92,25 @@ pub fn clocksource() -> Json {
     o
 }
 
-/// Firmware services Linux found, by the platform devices it registered for
-/// them: `smccc_trng` (arm64: SMCCC TRNG answered, drivers/firmware/smccc).
+/// Firmware services Linux found, by the devices it registered for them:
+/// `smccc_trng` (arm64: SMCCC TRNG answered, drivers/firmware/smccc) and
+/// `ptp_clocks`, the PTP clocks' names (`ptp_kvm`: "KVM virtual PTP", from
+/// KVM's PTP call on arm64, KVM_HC_CLOCK_PAIRING on x86).
 pub fn firmware() -> Json {
     let mut o = Json::obj();
     o.set(
         "smccc_trng",
         std::path::Path::new("/sys/bus/platform/devices/smccc_trng").exists(),
     );
+    let mut clocks: Vec<String> = std::fs::read_dir("/sys/class/ptp")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| read_trim(&format!("{}/clock_name", e.path().display())))
+                .collect()
+        })
+        .unwrap_or_default();
+    clocks.sort();
+    o.set("ptp_clocks", clocks);
     o
 }
 

@@ -733,6 +733,19 @@ fn aarch64_linux_smccc_1_1_pv_time_and_an_exact_pmuv3_under_rustkvm() {
     // answers (KVM's default), not under plain TCG.
     assert_eq!(k.pointer("/firmware/smccc_trng"), Some(&Value::Bool(true)));
     assert_eq!(t.pointer("/firmware/smccc_trng"), Some(&Value::Bool(false)));
+    // KVM's PTP call: Linux's ptp_kvm registers its clock under rustkvm.
+    assert_eq!(
+        k.pointer("/firmware/ptp_clocks"),
+        Some(&serde_json::json!(["KVM virtual PTP"])),
+        "{}",
+        k["firmware"]
+    );
+    assert_eq!(
+        t.pointer("/firmware/ptp_clocks"),
+        Some(&serde_json::json!([])),
+        "{}",
+        t["firmware"]
+    );
     assert_eq!(
         without_pv_and_pmu(k),
         without_pv_and_pmu(t),
