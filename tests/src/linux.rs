@@ -236,6 +236,11 @@ pub struct LinuxRun {
     /// Host wall clock (Unix seconds) just before QEMU started and when the
     /// report was seen: the guest read its wall clock in between.
     pub host_unix_s: (f64, Option<f64>),
+    /// How far the host's wall clock moved against its monotonic clock
+    /// between those two moments (seconds; negative: set back): a step of
+    /// the host's clock (by whatever sets it) that the guest's clock, which
+    /// counts VM time, cannot follow, as under KVM.
+    pub host_clock_step_s: Option<f64>,
     /// Host time taken.
     pub elapsed: Duration,
     /// The console (serial) output.
@@ -431,25 +436,29 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
 pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> LinuxRun {
     let start = Instant::now();
     let started_unix_s = unix_now();
-    let done = |outcome: Outcome, console: String, offset: Option<(f64, f64)>| {
-        let status = match &outcome {
-            Outcome::Ok(_) => crate::Status::Pass,
-            Outcome::Skip(why) => crate::Status::Skip(why.clone()),
-            Outcome::Error(why) => crate::Status::Fail(why.lines().next().unwrap_or("").into()),
+    let done =
+        |outcome: Outcome, console: String, offset: Option<(f64, f64)>, seen: Option<Instant>| {
+            let status = match &outcome {
+                Outcome::Ok(_) => crate::Status::Pass,
+                Outcome::Skip(why) => crate::Status::Skip(why.clone()),
+                Outcome::Error(why) => crate::Status::Fail(why.lines().next().unwrap_or("").into()),
+            };
+            crate::record_verdict(&format!("linux {}", config.label()), &status);
+            LinuxRun {
+                config,
+                outcome,
+                wallclock_offset_s: offset.map(|(guest, host)| guest - host),
+                host_unix_s: (started_unix_s, offset.map(|(_, host)| host)),
+                host_clock_step_s: offset.zip(seen).map(|((_, host), seen)| {
+                    (host - started_unix_s) - seen.duration_since(start).as_secs_f64()
+                }),
+                elapsed: start.elapsed(),
+                console,
+            }
         };
-        crate::record_verdict(&format!("linux {}", config.label()), &status);
-        LinuxRun {
-            config,
-            outcome,
-            wallclock_offset_s: offset.map(|(guest, host)| guest - host),
-            host_unix_s: (started_unix_s, offset.map(|(_, host)| host)),
-            elapsed: start.elapsed(),
-            console,
-        }
-    };
     if config.backend == Backend::Kvm {
         if let Some(why) = host::kvm_unavailable(config.arch) {
-            return done(Outcome::Skip(why), String::new(), None);
+            return done(Outcome::Skip(why), String::new(), None, None);
         }
     }
     let images = match from {
@@ -461,12 +470,12 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 mem_mib: DEFAULT_MEM_MIB,
                 append: String::new(),
             },
-            Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+            Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None, None),
         },
     };
     let exe = match qemu::emulator(config.arch) {
         Ok(p) => p,
-        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None),
+        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None, None),
     };
     let mut command = match config.pin_cpu {
         Some(cpu) => {
@@ -489,6 +498,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 Outcome::Error(format!("starting {}: {e}", exe.display())),
                 String::new(),
                 None,
+                None,
             )
         }
     };
@@ -496,11 +506,13 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let err = Capture::spawn(child.stderr.take());
     let deadline = start + timeout;
     let mut report_seen_at = None;
+    let mut report_seen_instant = None;
     let mut kvm_error = None;
     let mut timed_out = false;
     loop {
         if report_seen_at.is_none() && out.snapshot().contains(END_MARKER) {
             report_seen_at = Some(unix_now());
+            report_seen_instant = Some(Instant::now());
         }
         if config.backend == Backend::Kvm {
             let e = err.snapshot();
@@ -538,6 +550,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let stderr = err.finish();
     if report_seen_at.is_none() && console.contains(END_MARKER) {
         report_seen_at = Some(unix_now());
+        report_seen_instant = Some(Instant::now());
     }
     let outcome = match extract_report(&console) {
         Ok(report) => Outcome::Ok(report),
@@ -577,7 +590,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
             .map(|g| (g / 1e9, host)),
         _ => None,
     };
-    done(outcome, console, offset)
+    done(outcome, console, offset, report_seen_instant)
 }
 
 /// The value of `path` (a JSON pointer) in a report, as a display string.
@@ -988,6 +1001,7 @@ mod tests {
             },
             wallclock_offset_s: Some(0.25),
             host_unix_s: (1.0, Some(2.0)),
+            host_clock_step_s: Some(0.0),
             elapsed: Duration::from_secs(5),
             console: console.into(),
         }

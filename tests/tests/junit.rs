@@ -98,6 +98,7 @@ fn linux_runs_and_failures_parse_with_their_console_tail() {
         outcome,
         wallclock_offset_s: None,
         host_unix_s: (0.0, None),
+        host_clock_step_s: None,
         elapsed: Duration::from_secs(3),
         console: "[    0.1] Linux version 6.12\n\u{1b}[0mKernel panic <not syncing>\n".into(),
     };
