@@ -25,6 +25,8 @@ pub const DMESG_PATTERNS: &[&str] = &[
     "TSC deadline",
     "timekeeping watchdog",
     "unstable",
+    // rtc_hctosys: the wall clock set from the RTC (drivers/rtc/class.c).
+    "setting system clock",
 ];
 /// At most this many dmesg lines are reported.
 const DMESG_MAX_LINES: usize = 80;
