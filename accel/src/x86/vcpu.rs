@@ -626,11 +626,6 @@ impl<'a> X86<'a> {
     pub fn pmu_shape(&self) -> crate::info::X86PmuShape {
         self.local(|l| crate::info::X86PmuShape::from_config(l.pmu.config))
     }
-
-    #[cfg(test)]
-    fn local_for_test<R>(&self, f: impl FnOnce(&mut X86Local) -> R) -> R {
-        self.local(f)
-    }
 }
 
 /// The vCPU as the hypercall handler sees it.
@@ -821,7 +816,7 @@ mod tests {
         // `&mut Local`.
         let vcpu = Vcpu::new(0, Arch::X86_64);
         let v = vcpu.x86().unwrap();
-        v.local_for_test(|_| v.local_for_test(|_| ()));
+        v.local(|_| v.local(|_| ()));
     }
 
     /// QEMU's INIT as `do_cpu_init` drives it: the INIT, then the
