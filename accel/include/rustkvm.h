@@ -77,6 +77,13 @@ typedef struct RustkvmHostOps {
      */
     bool (*ram_store)(uint64_t gpa, uint64_t value, uint32_t size);
     /**
+     * Exchange the byte at `gpa` for `value` in one atomic read-modify-write
+     * (KVM's xchgb on steal_time.preempted, which the guest may cmpxchg on
+     * another vCPU meanwhile); the old byte, or -1, nothing written, unless
+     * the byte is writable RAM.
+     */
+    int (*ram_xchg8)(uint64_t gpa, uint8_t value);
+    /**
      * x86: send an IPI to the vCPU with `apic_id` (physical destination);
      * `icr` holds the ICR's vector, delivery mode, level and trigger mode.
      * False if there is no such vCPU.
@@ -172,8 +179,12 @@ void rustkvm_vcpu_set_exit_request(RustkvmVcpu *vcpu, void (*exit)(void *opaque)
                                    void *opaque);
 /** Destroy a vCPU (unplug, or exit); `vcpu` may be NULL. */
 void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
-/** The vCPU thread is about to execute guest code (steal time is folded in). */
-void rustkvm_vcpu_run_begin(RustkvmVcpu *vcpu);
+/**
+ * The vCPU thread is about to execute guest code (steal time is folded in).
+ * True: flush the vCPU's whole TLB before it does (x86 PV TLB flush:
+ * another vCPU asked for it while this one was preempted).
+ */
+bool rustkvm_vcpu_run_begin(RustkvmVcpu *vcpu);
 /** The vCPU thread left guest execution; `halted`: it stopped voluntarily. */
 void rustkvm_vcpu_run_end(RustkvmVcpu *vcpu, bool halted);
 
@@ -201,6 +212,12 @@ uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
 /** The bits named CPU models get by default, as under KVM. */
 uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
                                     uint32_t reg);
+/**
+ * The bits every CPU model, `max` included, has off unless the user turns
+ * them on, as under KVM (QEMU's kvm_default_props "monitor=off").
+ */
+uint32_t rustkvm_x86_cpuid_default_off(uint32_t leaf, uint32_t subleaf,
+                                       uint32_t reg);
 
 /* The counting engine (x86 PMU): totals the generated code keeps. */
 /** RustkvmCounting.events[]: instructions retired at CPL > 0 ... */

@@ -195,6 +195,11 @@ impl GuestMemory for HostMemory {
             None => false,
         }
     }
+    fn xchg_u8(&self, gpa: u64, value: u8) -> Option<u8> {
+        // SAFETY: a plain C function of QEMU's taking integers.
+        let old = unsafe { self.0.ram_xchg8?(gpa, value) };
+        u8::try_from(old).ok()
+    }
     fn write(&self, gpa: u64, buf: &[u8]) -> bool {
         match self.0.ram_write {
             // SAFETY: buf is valid for buf.len() bytes; QEMU only reads it.
@@ -323,16 +328,14 @@ pub unsafe extern "C" fn rustkvm_vcpu_reset(vcpu: *mut RustkvmVcpu, kind: u32) {
     }
 }
 
-/// The vCPU is about to run guest code.
+/// The vCPU is about to run guest code; true: flush its TLB first.
 ///
 /// # Safety
 /// `vcpu` is NULL or a live handle; called on the vCPU's own thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_vcpu_run_begin(vcpu: *mut RustkvmVcpu) {
+pub unsafe extern "C" fn rustkvm_vcpu_run_begin(vcpu: *mut RustkvmVcpu) -> bool {
     // SAFETY: forwarded caller contract.
-    if let Some(v) = unsafe { vcpu_ref(vcpu) } {
-        v.run_begin();
-    }
+    unsafe { vcpu_ref(vcpu) }.is_some_and(|v| v.run_begin())
 }
 
 /// The vCPU left guest code.
@@ -511,6 +514,15 @@ pub unsafe extern "C" fn rustkvm_x86_cpuid_supported(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
     crate::x86::cpuid::defaults(leaf, subleaf, reg)
+}
+
+/// CPUID policy: which bits every model has off unless the user asks.
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_cpuid_default_off(leaf: u32, subleaf: u32, reg: u32) -> u32 {
+    crate::x86::cpuid::default_off(leaf, subleaf, reg)
 }
 
 /// Copy the Rust-owned x86 MSRs out for QEMU's vmstate.
@@ -1076,6 +1088,7 @@ mod tests {
                 ram_read: None,
                 ram_write: None,
                 ram_store: None,
+                ram_xchg8: None,
                 thread_attach: None,
                 thread_detach: None,
                 send_ipi: None,

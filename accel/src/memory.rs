@@ -16,6 +16,12 @@ pub trait GuestMemory {
     fn store_u32(&self, gpa: u64, value: u32) -> bool;
     /// As [`GuestMemory::store_u32`], 8 bytes, `gpa` 8-byte aligned.
     fn store_u64(&self, gpa: u64, value: u64) -> bool;
+    /// Exchange the byte at `gpa` for `value` in one atomic
+    /// read-modify-write, as KVM's `xchgb` on `steal_time.preempted`
+    /// (`record_steal_time`): a guest's concurrent `cmpxchg` on the byte
+    /// lands before or after it, never lost. The old byte; None, nothing
+    /// written, unless the byte is writable RAM.
+    fn xchg_u8(&self, gpa: u64, value: u8) -> Option<u8>;
 }
 
 /// Order the guest-RAM stores before it ahead of those after it, for a
@@ -129,6 +135,16 @@ impl<'a> GuestRam<'a> {
         Self::fits(gpa, 8) && self.0.store_u64(gpa.0, value)
     }
 
+    /// One atomic byte exchange (see [`GuestMemory::xchg_u8`]): the old byte.
+    #[allow(clippy::disallowed_methods, reason = "the one accessor")]
+    pub fn xchg_u8(self, gpa: Gpa, value: u8) -> Option<u8> {
+        if Self::fits(gpa, 1) {
+            self.0.xchg_u8(gpa.0, value)
+        } else {
+            None
+        }
+    }
+
     /// A 4-byte field: one atomic store where aligned, else bytes (a
     /// guest's misaligned structure is written all the same, as KVM's
     /// `kvm_write_guest` does, without the atomicity it could not have).
@@ -229,6 +245,9 @@ impl GuestMemory for NoMemory {
     }
     fn store_u64(&self, _gpa: u64, _value: u64) -> bool {
         false
+    }
+    fn xchg_u8(&self, _gpa: u64, _value: u8) -> Option<u8> {
+        None
     }
 }
 
@@ -397,6 +416,9 @@ pub mod tests {
         fn store_u64(&self, gpa: u64, value: u64) -> bool {
             (**self).store_u64(gpa, value)
         }
+        fn xchg_u8(&self, gpa: u64, value: u8) -> Option<u8> {
+            (**self).xchg_u8(gpa, value)
+        }
     }
 
     impl FakeRam {
@@ -448,6 +470,17 @@ pub mod tests {
         fn store_u64(&self, gpa: u64, value: u64) -> bool {
             self.store(gpa, &value.to_le_bytes())
         }
+        fn xchg_u8(&self, gpa: u64, value: u8) -> Option<u8> {
+            // One lock held across the read and the write: atomic against
+            // the tests' other accesses, which take the same lock.
+            let mut bytes = self.bytes.lock();
+            let old = *bytes.get(usize::try_from(gpa).ok()?)?;
+            bytes[gpa as usize] = value;
+            drop(bytes);
+            self.log.lock().push((gpa, vec![value]));
+            self.stores.lock().push((gpa, 1));
+            Some(old)
+        }
     }
 
     /// Memory that claims every range is RAM and counts the calls: what
@@ -471,6 +504,10 @@ pub mod tests {
         fn store_u64(&self, _gpa: u64, _value: u64) -> bool {
             self.0.fetch_add(1, Ordering::SeqCst);
             true
+        }
+        fn xchg_u8(&self, _gpa: u64, _value: u8) -> Option<u8> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Some(0)
         }
     }
 

@@ -69,6 +69,9 @@ pub struct RustkvmHostOps {
     #[doc = " Store `value` (`size` 4 or 8 bytes, little-endian) at `gpa` with one\n single-copy-atomic store; false, nothing written, unless `gpa` is\n aligned to `size` and the bytes are writable RAM."]
     pub ram_store:
         ::core::option::Option<unsafe extern "C" fn(gpa: u64, value: u64, size: u32) -> bool>,
+    #[doc = " Exchange the byte at `gpa` for `value` in one atomic read-modify-write\n (KVM's xchgb on steal_time.preempted, which the guest may cmpxchg on\n another vCPU meanwhile); the old byte, or -1, nothing written, unless\n the byte is writable RAM."]
+    pub ram_xchg8:
+        ::core::option::Option<unsafe extern "C" fn(gpa: u64, value: u8) -> ::core::ffi::c_int>,
     #[doc = " x86: send an IPI to the vCPU with `apic_id` (physical destination);\n `icr` holds the ICR's vector, delivery mode, level and trigger mode.\n False if there is no such vCPU."]
     pub send_ipi: ::core::option::Option<unsafe extern "C" fn(apic_id: u32, icr: u32) -> bool>,
     #[doc = " QEMU's virtual clock in ns (QEMU_CLOCK_VIRTUAL): what the guest TSC counts."]
@@ -82,7 +85,7 @@ pub struct RustkvmHostOps {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 64usize];
+    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 72usize];
     ["Alignment of RustkvmHostOps"][::core::mem::align_of::<RustkvmHostOps>() - 8usize];
     ["Offset of field: RustkvmHostOps::ram_read"]
         [::core::mem::offset_of!(RustkvmHostOps, ram_read) - 0usize];
@@ -90,16 +93,18 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmHostOps, ram_write) - 8usize];
     ["Offset of field: RustkvmHostOps::ram_store"]
         [::core::mem::offset_of!(RustkvmHostOps, ram_store) - 16usize];
+    ["Offset of field: RustkvmHostOps::ram_xchg8"]
+        [::core::mem::offset_of!(RustkvmHostOps, ram_xchg8) - 24usize];
     ["Offset of field: RustkvmHostOps::send_ipi"]
-        [::core::mem::offset_of!(RustkvmHostOps, send_ipi) - 24usize];
+        [::core::mem::offset_of!(RustkvmHostOps, send_ipi) - 32usize];
     ["Offset of field: RustkvmHostOps::clock_ns"]
-        [::core::mem::offset_of!(RustkvmHostOps, clock_ns) - 32usize];
+        [::core::mem::offset_of!(RustkvmHostOps, clock_ns) - 40usize];
     ["Offset of field: RustkvmHostOps::tsc_deadline_changed"]
-        [::core::mem::offset_of!(RustkvmHostOps, tsc_deadline_changed) - 40usize];
+        [::core::mem::offset_of!(RustkvmHostOps, tsc_deadline_changed) - 48usize];
     ["Offset of field: RustkvmHostOps::thread_attach"]
-        [::core::mem::offset_of!(RustkvmHostOps, thread_attach) - 48usize];
+        [::core::mem::offset_of!(RustkvmHostOps, thread_attach) - 56usize];
     ["Offset of field: RustkvmHostOps::thread_detach"]
-        [::core::mem::offset_of!(RustkvmHostOps, thread_detach) - 56usize];
+        [::core::mem::offset_of!(RustkvmHostOps, thread_detach) - 64usize];
 };
 #[doc = " Machine-wide options, from -accel rustkvm,... properties."]
 #[repr(C)]
@@ -124,7 +129,7 @@ pub struct RustkvmConfig {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 96usize];
+    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 104usize];
     ["Alignment of RustkvmConfig"][::core::mem::align_of::<RustkvmConfig>() - 8usize];
     ["Offset of field: RustkvmConfig::arch"][::core::mem::offset_of!(RustkvmConfig, arch) - 0usize];
     ["Offset of field: RustkvmConfig::max_cpus"]
@@ -178,8 +183,8 @@ unsafe extern "C" {
     pub fn rustkvm_vcpu_destroy(vcpu: *mut RustkvmVcpu);
 }
 unsafe extern "C" {
-    #[doc = " The vCPU thread is about to execute guest code (steal time is folded in)."]
-    pub fn rustkvm_vcpu_run_begin(vcpu: *mut RustkvmVcpu);
+    #[doc = " The vCPU thread is about to execute guest code (steal time is folded in).\n True: flush the vCPU's whole TLB before it does (x86 PV TLB flush:\n another vCPU asked for it while this one was preempted)."]
+    pub fn rustkvm_vcpu_run_begin(vcpu: *mut RustkvmVcpu) -> bool;
 }
 unsafe extern "C" {
     #[doc = " The vCPU thread left guest execution; `halted`: it stopped voluntarily."]
@@ -213,6 +218,10 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " The bits named CPU models get by default, as under KVM."]
     pub fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32;
+}
+unsafe extern "C" {
+    #[doc = " The bits every CPU model, `max` included, has off unless the user turns\n them on, as under KVM (QEMU's kvm_default_props \"monitor=off\")."]
+    pub fn rustkvm_x86_cpuid_default_off(leaf: u32, subleaf: u32, reg: u32) -> u32;
 }
 #[doc = " Per-vCPU counting state shared by QEMU's generated code and Rust (it\n lives in CPUX86State; Rust holds a pointer from rustkvm_x86_vcpu_setup).\n Only the vCPU's own thread touches it."]
 #[repr(C)]

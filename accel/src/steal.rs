@@ -157,7 +157,9 @@ pub trait StealArea {
     );
     /// MTTCG sampler tick: the run delay now (None: not read this tick) and
     /// whether the thread is descheduled (only asked of a structure with a
-    /// preempted flag). True if it marked the vCPU preempted now.
+    /// preempted flag). True if the vCPU should leave guest code: it marked
+    /// it preempted now, or the guest asked for a TLB flush that its next
+    /// entry does (see [`StealArea::take_tlb_flush`]).
     fn sample(
         &mut self,
         mem: &dyn GuestMemory,
@@ -171,6 +173,12 @@ pub trait StealArea {
     }
     /// Clear the preempted flag if the host set it (the vCPU runs).
     fn clear_preempted(&mut self, _mem: &dyn GuestMemory) {}
+    /// Whether another vCPU asked for this one's TLB to be flushed while it
+    /// was preempted (x86 PV TLB flush: KVM_VCPU_FLUSH_TLB in `preempted`),
+    /// since the last call; the request is taken.
+    fn take_tlb_flush(&mut self) -> bool {
+        false
+    }
     /// Mark the vCPU preempted now; true if it was marked now.
     fn mark_preempted(&mut self, _mem: &dyn GuestMemory) -> bool {
         false

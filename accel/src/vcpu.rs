@@ -417,8 +417,10 @@ impl Vcpu {
         }
     }
 
-    /// The vCPU's thread is about to run guest code.
-    pub fn run_begin(&self) {
+    /// The vCPU's thread is about to run guest code. True: flush its whole
+    /// TLB first (x86 PV TLB flush, as KVM's `record_steal_time` does with
+    /// `kvm_vcpu_flush_tlb_guest`).
+    pub fn run_begin(&self) -> bool {
         if self.tid.load(Ordering::Relaxed) == 0 {
             self.tid
                 .store(self.shared.sched().current_tid(), Ordering::Relaxed);
@@ -430,8 +432,16 @@ impl Vcpu {
                 .store(self.shared.now_ns(), Ordering::Release);
         }
         self.with_pmu_clock(|u| u.begin(self.shared.virtual_ns()));
-        self.with_steal(|area| self.enter_steal(area));
+        let flush = self.with_steal(|area| {
+            self.enter_steal(area);
+            area.take_tlb_flush()
+        });
         self.mark_descheduled_peers();
+        flush
+            && match &self.arch {
+                ArchVcpu::X86(x) => X86::new(self, x).pv_tlb_flush_on(),
+                ArchVcpu::Aarch64(_) => false,
+            }
     }
 
     /// A vCPU entering guest code again and again — a guest spin-wait: each

@@ -180,6 +180,14 @@ fn x86_64_linux_kvm_signature_pv_spinlocks_steal_time_kvmclock_tsc_deadline() {
         k["dmesg"]
     );
     assert!(dmesg_has(k, "kvm-guest: setup PV IPIs"), "{}", k["dmesg"]);
+    // PV TLB flush: Linux defers TLB flushes of preempted vCPUs to rustkvm
+    // (it needs steal time and no MWAIT, which rustkvm's models have off
+    // as KVM's do).
+    assert!(
+        dmesg_has(k, "kvm-guest: KVM setup pv remote TLB flush"),
+        "{}",
+        k["dmesg"]
+    );
     // VMCALL from user mode: #UD (SIGILL) under tcg, -KVM_EPERM under
     // rustkvm, as kvm_emulate_hypercall answers CPL > 0.
     assert_eq!(

@@ -22,6 +22,9 @@ pub const KVM_FEATURE_STEAL_TIME: u32 = 1 << 5;
 pub const KVM_FEATURE_PV_EOI: u32 = 1 << 6;
 /// KVM_FEATURE_PV_UNHALT (KVM_HC_KICK_CPU).
 pub const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
+/// KVM_FEATURE_PV_TLB_FLUSH: KVM_VCPU_FLUSH_TLB in a preempted vCPU's
+/// steal-time `preempted` stands for a TLB-flush IPI.
+pub const KVM_FEATURE_PV_TLB_FLUSH: u32 = 1 << 9;
 /// KVM_FEATURE_PV_SEND_IPI (KVM_HC_SEND_IPI).
 pub const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
 /// KVM_FEATURE_POLL_CONTROL (MSR_KVM_POLL_CONTROL).
@@ -58,6 +61,7 @@ pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
     | KVM_FEATURE_STEAL_TIME
     | KVM_FEATURE_PV_UNHALT
+    | KVM_FEATURE_PV_TLB_FLUSH
     | KVM_FEATURE_PV_SEND_IPI
     | KVM_FEATURE_PV_SCHED_YIELD;
 
@@ -73,6 +77,9 @@ pub const KVM_DEFAULT_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_STEAL_TIME
     | KVM_FEATURE_PV_EOI
     | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
+
+/// CPUID.1:ECX bit 3 MONITOR: MONITOR/MWAIT (SDM vol. 2A, CPUID).
+pub const CPUID_1_ECX_MONITOR: u32 = 1 << 3;
 
 /// CPUID.1:ECX bit 15 PDCM: IA32_PERF_CAPABILITIES exists (QEMU clears it
 /// without `pmu=on`; SDM vol. 2A, CPUID).
@@ -106,6 +113,19 @@ pub fn defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
     }
 }
 
+/// Which bits every CPU model, `max` included, has off unless the user's
+/// `-cpu` turns them on: MONITOR/MWAIT, which KVM does not offer (MWAIT
+/// exits unless `KVM_X86_DISABLE_EXITS_MWAIT`; QEMU's `kvm_default_props`
+/// has "monitor=off"). A guest then idles with HLT, as a KVM guest does,
+/// and Linux takes the PV paths it reserves for guests without MWAIT (PV
+/// TLB flush, `pv_tlb_flush_supported`).
+pub fn default_off(leaf: u32, _subleaf: u32, reg: u32) -> u32 {
+    match (leaf, reg) {
+        (1, REG_ECX) => CPUID_1_ECX_MONITOR,
+        _ => 0,
+    }
+}
+
 /// The KVM feature bit that gates PV MSR `index` (Documentation/virt/kvm/
 /// x86/msr.rst; `kvm_set_msr_common`/`kvm_get_msr_common`, which #GP when
 /// PV CPUID is enforced — `-cpu ...,kvm-pv-enforce-cpuid=on` — and the bit
@@ -131,6 +151,7 @@ mod tests {
     fn kvm_feature_bits_match_kvm_para_h() {
         assert_eq!(KVM_FEATURE_STEAL_TIME, 0x20);
         assert_eq!(KVM_FEATURE_PV_UNHALT, 0x80);
+        assert_eq!(KVM_FEATURE_PV_TLB_FLUSH, 0x200);
         assert_eq!(KVM_FEATURE_PV_SEND_IPI, 0x800);
         assert_eq!(KVM_FEATURE_PV_SCHED_YIELD, 0x2000);
         assert_eq!(KVM_FEATURE_CLOCKSOURCE_STABLE_BIT, 0x0100_0000);
@@ -172,5 +193,8 @@ mod tests {
         assert_eq!(d, 0x100_002b);
         assert_eq!(d & !supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0), 0);
         assert_eq!(defaults(1, 0, REG_EAX), 0);
+        assert_eq!(default_off(1, 0, REG_ECX), 1 << 3, "monitor=off, as KVM");
+        assert_eq!(default_off(1, 0, REG_EDX), 0);
+        assert_eq!(default_off(KVM_CPUID_FEATURES, 0, REG_EAX), 0);
     }
 }

@@ -29,6 +29,9 @@ pub const KVM_STEAL_VALID_BITS: u64 = !0u64 << (KVM_STEAL_ALIGNMENT_BITS + 1);
 pub const KVM_STEAL_RESERVED_MASK: u64 = ((1 << KVM_STEAL_ALIGNMENT_BITS) - 1) << 1;
 /// KVM_VCPU_PREEMPTED: bit 0 of `preempted`.
 pub const KVM_VCPU_PREEMPTED: u8 = 1 << 0;
+/// KVM_VCPU_FLUSH_TLB: bit 1 of `preempted`, set by another vCPU of the
+/// guest (with KVM_FEATURE_PV_TLB_FLUSH) instead of a TLB-flush IPI.
+pub const KVM_VCPU_FLUSH_TLB: u8 = 1 << 1;
 
 /// `struct kvm_steal_time` (arch/x86/include/uapi/asm/kvm_para.h), as the
 /// guest lays it out in its memory; the models write its fields at the
@@ -78,6 +81,9 @@ pub struct StealTime {
     pub clock: StealClock,
     /// Whether the host set `preempted` and has not cleared it yet.
     pub preempted: u8,
+    /// The guest's KVM_VCPU_FLUSH_TLB, taken from `preempted` and not yet
+    /// done: the vCPU's next entry flushes its TLB.
+    pub flush_tlb: bool,
 }
 
 impl StealTime {
@@ -115,6 +121,19 @@ impl StealTime {
         Ok(())
     }
 
+    /// `record_steal_time`'s `xchgb` of `preempted` with 0: one atomic
+    /// exchange, so a KVM_VCPU_FLUSH_TLB another vCPU sets meanwhile is
+    /// either taken here (and the flush done at the entry) or left for the
+    /// next one, never lost. KVM exchanges the byte only with PV TLB flush
+    /// advertised (else a plain store); the flush is done only then too
+    /// (`X86::take_tlb_flush`), so the exchange itself is the same store.
+    fn take_preempted_byte(&mut self, mem: &dyn GuestMemory) {
+        if let Some(old) = GuestRam::new(mem).xchg_u8(self.gpa() + layout::PREEMPTED, 0) {
+            self.preempted = 0;
+            self.flush_tlb |= old & KVM_VCPU_FLUSH_TLB != 0;
+        }
+    }
+
     /// `kvm_steal_time_set_preempted`: mark the vCPU preempted in the guest.
     /// True if the flag was clear and is set now.
     fn set_preempted(&mut self, mem: &dyn GuestMemory) -> bool {
@@ -140,8 +159,7 @@ impl StealTime {
             return;
         };
         if clear_preempted {
-            let _ = ram.write(gpa + layout::PREEMPTED, &[0]);
-            self.preempted = 0;
+            self.take_preempted_byte(mem);
         }
         let mut version = u32::from_le_bytes(st[8..12].try_into().unwrap_or_default());
         if version & 1 != 0 {
@@ -223,19 +241,22 @@ impl crate::steal::StealArea for StealTime {
             self.set_preempted(mem)
         } else {
             self.clear_preempted(mem);
-            false
+            // The vCPU runs: a flush the guest asked for is done at its
+            // next entry, which the caller brings about.
+            self.flush_tlb
         }
     }
 
     /// Clear `preempted` in the guest's structure if we set it: the vCPU
     /// runs (an entry that does not fold steal in, or the sampler).
     fn clear_preempted(&mut self, mem: &dyn GuestMemory) {
-        if self.enabled()
-            && self.preempted != 0
-            && GuestRam::new(mem).write(self.gpa() + layout::PREEMPTED, &[0])
-        {
-            self.preempted = 0;
+        if self.enabled() && self.preempted != 0 {
+            self.take_preempted_byte(mem);
         }
+    }
+
+    fn take_tlb_flush(&mut self) -> bool {
+        std::mem::take(&mut self.flush_tlb)
     }
 
     /// Mark the vCPU preempted now (another vCPU found it off the host
@@ -345,10 +366,15 @@ mod tests {
         let mut st = StealTime::default();
         st.write_msr(GPA | 1).unwrap();
         st.enter(&ram, Threading::Mttcg, 10, 1_000);
-        let (v, s) = (GPA + layout::VERSION, GPA + layout::STEAL);
-        // record_steal_time: version odd, steal, version even — the guest
-        // reads `steal` (8 bytes) and `version` (4) each with one load.
-        assert_eq!(ram.atomic_stores(), vec![(v, 4), (s, 8), (v, 4)]);
+        let (p, v, s) = (
+            GPA + layout::PREEMPTED,
+            GPA + layout::VERSION,
+            GPA + layout::STEAL,
+        );
+        // record_steal_time: xchgb preempted, version odd, steal, version
+        // even — the guest reads `steal` (8 bytes) and `version` (4) each
+        // with one load, and cmpxchgs `preempted`.
+        assert_eq!(ram.atomic_stores(), vec![(p, 1), (v, 4), (s, 8), (v, 4)]);
     }
 
     #[test]
@@ -389,6 +415,89 @@ mod tests {
         let lone = Threading::RoundRobin { peers: false };
         st.exit(&ram, lone, 10_000, 250, false);
         assert_eq!(preempted(&ram), 0);
+    }
+
+    /// The guest side of PV TLB flush, as Linux's `kvm_flush_tlb_multi`:
+    /// cmpxchg PREEMPTED -> PREEMPTED|FLUSH_TLB; true if it took.
+    fn guest_defers_flush(ram: &FakeRam) -> bool {
+        let state = preempted(ram);
+        state & KVM_VCPU_PREEMPTED != 0
+            && ram.xchg_u8(GPA + layout::PREEMPTED, state | KVM_VCPU_FLUSH_TLB) == Some(state)
+    }
+
+    #[test]
+    fn a_flush_asked_of_a_preempted_vcpu_is_taken_once_at_its_next_entry() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        let rr = Threading::RoundRobin { peers: true };
+        st.enter(&ram, rr, 1_000, 0);
+        assert!(!guest_defers_flush(&ram), "running: the guest sends an IPI");
+        st.exit(&ram, rr, 2_000, 0, false);
+        assert!(guest_defers_flush(&ram), "preempted: the guest defers");
+        assert!(!st.take_tlb_flush(), "not before the entry");
+        st.enter(&ram, rr, 3_000, 0);
+        assert_eq!(preempted(&ram), 0, "both bits cleared at the entry");
+        assert!(st.take_tlb_flush(), "the entry flushes");
+        assert!(!st.take_tlb_flush(), "once");
+        st.exit(&ram, rr, 4_000, 0, false);
+        st.enter(&ram, rr, 5_000, 0);
+        assert!(!st.take_tlb_flush(), "no flush without a request");
+        // Under MTTCG an entry between folds only clears the flag.
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 0);
+        assert!(st.mark_preempted(&ram));
+        assert!(guest_defers_flush(&ram));
+        st.clear_preempted(&ram);
+        assert_eq!(preempted(&ram), 0);
+        assert!(st.take_tlb_flush());
+    }
+
+    #[test]
+    fn the_sampler_clearing_the_flag_keeps_the_flush_for_the_entry() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        st.enter(&ram, Threading::Mttcg, 1, 0);
+        assert!(
+            st.sample(&ram, None, true),
+            "marked preempted: leave guest code"
+        );
+        assert!(guest_defers_flush(&ram));
+        // The thread runs again before it leaves guest code: the sampler
+        // clears the flag, and must not drop the guest's request.
+        assert!(
+            st.sample(&ram, None, false),
+            "a flush is pending: the vCPU must leave guest code"
+        );
+        assert_eq!(preempted(&ram), 0);
+        assert!(st.sample(&ram, None, false), "until its entry takes it");
+        assert!(st.take_tlb_flush());
+        assert!(!st.sample(&ram, None, false));
+    }
+
+    #[test]
+    fn a_flush_request_outside_ram_or_after_a_reset_is_dropped() {
+        let ram = FakeRam::new(0x4000);
+        let mut st = StealTime::default();
+        st.write_msr(GPA | 1).unwrap();
+        let rr = Threading::RoundRobin { peers: true };
+        st.enter(&ram, rr, 1, 0);
+        st.exit(&ram, rr, 2, 0, false);
+        assert!(guest_defers_flush(&ram));
+        st.reset(crate::x86::ResetKind::Init);
+        assert!(
+            !st.take_tlb_flush(),
+            "a reset flushes anyway; nothing pending"
+        );
+        // A structure beyond RAM: nothing read, nothing written, no flush.
+        let mut far = StealTime::default();
+        far.write_msr(0x10_0000 | 1).unwrap();
+        far.enter(&ram, rr, 3, 0);
+        far.exit(&ram, rr, 4, 0, false);
+        far.enter(&ram, rr, 5, 0);
+        assert!(!far.take_tlb_flush());
     }
 
     #[test]

@@ -458,6 +458,14 @@ impl<'a> X86<'a> {
         )
     }
 
+    /// Whether a KVM_VCPU_FLUSH_TLB the guest set is honoured: KVM's
+    /// `record_steal_time` flushes only if `guest_pv_has(vcpu,
+    /// KVM_FEATURE_PV_TLB_FLUSH)` — always without enforcement, else when
+    /// advertised.
+    pub fn pv_tlb_flush_on(&self) -> bool {
+        self.pv_enforced().allows(cpuid::KVM_FEATURE_PV_TLB_FLUSH)
+    }
+
     /// After each setup: whether PV CPUID is enforced
     /// (`-cpu ...,kvm-pv-enforce-cpuid=on`).
     pub fn enforce_pv_cpuid(&self, on: bool) {
@@ -905,6 +913,25 @@ mod tests {
         assert_eq!(v.wrmsr(wall, 0x3000), Route::Handled(()));
         qemu_reset(&vcpu, 0, PMU_INTEL, &c);
         assert_eq!(v.rdmsr(wall), Route::Handled(0x3000));
+    }
+
+    #[test]
+    fn a_deferred_tlb_flush_is_honoured_as_guest_pv_has_says() {
+        use crate::x86::cpuid::{KVM_FEATURE_PV_TLB_FLUSH, KVM_FEATURE_STEAL_TIME};
+        let vcpu = Vcpu::new(0, Arch::X86_64);
+        let v = vcpu.x86().unwrap();
+        v.setup(0, KVM_FEATURE_STEAL_TIME, PMU_NONE, None);
+        assert!(v.pv_tlb_flush_on(), "not enforced: KVM flushes");
+        v.enforce_pv_cpuid(true);
+        assert!(!v.pv_tlb_flush_on(), "enforced, not advertised: ignored");
+        v.setup(
+            0,
+            KVM_FEATURE_STEAL_TIME | KVM_FEATURE_PV_TLB_FLUSH,
+            PMU_NONE,
+            None,
+        );
+        v.enforce_pv_cpuid(true);
+        assert!(v.pv_tlb_flush_on(), "enforced and advertised");
     }
 
     #[test]

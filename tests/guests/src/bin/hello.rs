@@ -1,5 +1,5 @@
 //! rustkvm-test: arch=x86_64,aarch64
-//! rustkvm-test: vary=cpuid.40000000.signature,cpuid.40000001.eax,backend
+//! rustkvm-test: vary=cpuid.40000000.signature,cpuid.40000001.eax,cpuid.1.ecx.monitor,backend
 //!
 //! Boots, identifies the CPU and what hypervisor interface it sees, and exits.
 //! The smallest end-to-end check of a backend: serial output, exit status,
@@ -40,6 +40,11 @@ fn main(t: &mut Test) {
     t.measure(
         "cpuid.1.ecx.hypervisor",
         format_args!("{}", hypervisor as u8),
+    );
+    // MONITOR/MWAIT: KVM offers none, so rustkvm's models have it off.
+    t.measure(
+        "cpuid.1.ecx.monitor",
+        format_args!("{}", arch::cpuid(1, 0)[2] >> 3 & 1),
     );
     if hypervisor {
         let h = arch::cpuid(0x4000_0000, 0);
