@@ -379,6 +379,8 @@ typedef struct RustkvmX86Msrs {
     uint64_t system_time;
     /** MSR_KVM_WALL_CLOCK(_NEW) (CPUX86State::wall_clock_msr). */
     uint64_t wall_clock;
+    /** MSR_KVM_POLL_CONTROL (CPUX86State::poll_control_msr). */
+    uint64_t poll_control;
     /** IA32_FIXED_CTR_CTRL (CPUX86State::msr_fixed_ctr_ctrl). */
     uint64_t pmu_fixed_ctr_ctrl;
     /** IA32_PERF_GLOBAL_CTRL (CPUX86State::msr_global_ctrl). */

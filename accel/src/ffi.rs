@@ -544,6 +544,7 @@ pub unsafe extern "C" fn rustkvm_x86_save_msrs(
             tsc_deadline: m.tsc_deadline,
             system_time: m.system_time,
             wall_clock: m.wall_clock,
+            poll_control: m.poll_control,
             pmu_fixed_ctr_ctrl: m.pmu.fixed_ctrl,
             pmu_global_ctrl: m.pmu.global_ctrl,
             pmu_global_status: m.pmu.global_status,
@@ -578,6 +579,7 @@ fn saved_msrs(m: &header::RustkvmX86Msrs) -> SavedMsrs {
         tsc_deadline: m.tsc_deadline,
         system_time: m.system_time,
         wall_clock: m.wall_clock,
+        poll_control: m.poll_control,
         pmu: PmuRegs {
             fixed_ctrl: m.pmu_fixed_ctr_ctrl,
             global_ctrl: m.pmu_global_ctrl,
@@ -1235,6 +1237,7 @@ mod tests {
                 tsc_deadline: 0,
                 system_time: 0,
                 wall_clock: 0,
+                poll_control: 1,
                 pmu_fixed_ctr_ctrl: 0,
                 pmu_global_ctrl: 0,
                 pmu_global_status: 0,
@@ -1255,6 +1258,7 @@ mod tests {
                 tsc_deadline: 6,
                 system_time: 0x2000,
                 wall_clock: 0x3000,
+                poll_control: 0,
                 ..zero
             };
             rustkvm_x86_load_msrs(v0, &saved);
@@ -1270,6 +1274,7 @@ mod tests {
                 "round trip (no clock: the TSC stands still)"
             );
             assert_eq!((msrs.system_time, msrs.wall_clock), (0x2000, 0x3000));
+            assert_eq!(msrs.poll_control, 0, "poll control: round trip");
             assert_eq!(rustkvm_x86_rdtsc(v0), 1234);
             assert_eq!(rustkvm_x86_rdtsc(std::ptr::null_mut()), 0);
             assert_eq!(rustkvm_x86_tsc_deadline_ns(v0), -1, "not in deadline mode");
@@ -1286,11 +1291,13 @@ mod tests {
                 v0,
                 &header::RustkvmX86Msrs {
                     steal_time: 0x4003,
+                    poll_control: 2,
                     ..zero
                 },
             );
             rustkvm_x86_save_msrs(v0, &mut msrs);
             assert_eq!(msrs.steal_time, 0, "reserved bits: dropped");
+            assert_eq!(msrs.poll_control, 1, "reserved bits: the reset value");
             rustkvm_x86_load_msrs(v0, std::ptr::null());
             rustkvm_x86_save_msrs(std::ptr::null_mut(), &mut msrs);
             rustkvm_vcpu_reset(v0, header::RUSTKVM_RESET_COLD);

@@ -327,6 +327,8 @@ pub struct RustkvmX86Msrs {
     pub system_time: u64,
     #[doc = " MSR_KVM_WALL_CLOCK(_NEW) (CPUX86State::wall_clock_msr)."]
     pub wall_clock: u64,
+    #[doc = " MSR_KVM_POLL_CONTROL (CPUX86State::poll_control_msr)."]
+    pub poll_control: u64,
     #[doc = " IA32_FIXED_CTR_CTRL (CPUX86State::msr_fixed_ctr_ctrl)."]
     pub pmu_fixed_ctr_ctrl: u64,
     #[doc = " IA32_PERF_GLOBAL_CTRL (CPUX86State::msr_global_ctrl)."]
@@ -342,7 +344,7 @@ pub struct RustkvmX86Msrs {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 224usize];
+    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 232usize];
     ["Alignment of RustkvmX86Msrs"][::core::mem::align_of::<RustkvmX86Msrs>() - 8usize];
     ["Offset of field: RustkvmX86Msrs::steal_time"]
         [::core::mem::offset_of!(RustkvmX86Msrs, steal_time) - 0usize];
@@ -355,18 +357,20 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmX86Msrs, system_time) - 32usize];
     ["Offset of field: RustkvmX86Msrs::wall_clock"]
         [::core::mem::offset_of!(RustkvmX86Msrs, wall_clock) - 40usize];
+    ["Offset of field: RustkvmX86Msrs::poll_control"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, poll_control) - 48usize];
     ["Offset of field: RustkvmX86Msrs::pmu_fixed_ctr_ctrl"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_fixed_ctr_ctrl) - 48usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_fixed_ctr_ctrl) - 56usize];
     ["Offset of field: RustkvmX86Msrs::pmu_global_ctrl"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_global_ctrl) - 56usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_global_ctrl) - 64usize];
     ["Offset of field: RustkvmX86Msrs::pmu_global_status"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_global_status) - 64usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_global_status) - 72usize];
     ["Offset of field: RustkvmX86Msrs::pmu_fixed"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_fixed) - 72usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_fixed) - 80usize];
     ["Offset of field: RustkvmX86Msrs::pmu_gp"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_gp) - 96usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_gp) - 104usize];
     ["Offset of field: RustkvmX86Msrs::pmu_evtsel"]
-        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_evtsel) - 160usize];
+        [::core::mem::offset_of!(RustkvmX86Msrs, pmu_evtsel) - 168usize];
 };
 unsafe extern "C" {
     #[doc = " Copy the MSRs out, before QEMU saves the vCPU."]

@@ -181,8 +181,8 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x1002aab",
-            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, pv-tlb-flush, send-ipi, sched-yield, stable bit"
+            "0x1003aab",
+            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, pv-tlb-flush, send-ipi, poll-control, sched-yield, stable bit"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -669,14 +669,14 @@ fn x86_kvm_signature_and_feature_switches() {
     // kvmclock (both MSR pairs), nopiodelay, steal-time, kvmclock-stable-bit.
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100002b");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1002aab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003aab");
     let r = with(Backend::Rustkvm, Some("max,kvm-pv-tlb-flush=off"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x10028ab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x10038ab");
     let r = with(
         Backend::Rustkvm,
         Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off,kvm-pv-ipi=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1002209");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003209");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100202b");
     // MONITOR/MWAIT: TCG's, off in every model under rustkvm as under KVM
@@ -703,9 +703,9 @@ fn x86_kvm_signature_and_feature_switches() {
         Backend::Rustkvm,
         Some("max,kvmclock=off,kvmclock-stable-bit=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x2aa2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x3aa2");
     let r = with(Backend::Rustkvm, Some("max,kvm-asyncpf=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1002aab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003aab");
     assert!(
         r.outcome.stderr.contains("asyncpf"),
         "no warning:\n{}",

@@ -63,6 +63,7 @@ pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_PV_UNHALT
     | KVM_FEATURE_PV_TLB_FLUSH
     | KVM_FEATURE_PV_SEND_IPI
+    | KVM_FEATURE_POLL_CONTROL
     | KVM_FEATURE_PV_SCHED_YIELD;
 
 /// The KVM features QEMU turns on by default for named CPU models under KVM
@@ -124,6 +125,13 @@ pub fn default_off(leaf: u32, _subleaf: u32, reg: u32) -> u32 {
         (1, REG_ECX) => CPUID_1_ECX_MONITOR,
         _ => 0,
     }
+}
+
+/// Whether `index` is in KVM's own MSR range, 0x4b564d00..=0x4b564dff
+/// (`arch/x86/include/uapi/asm/kvm_para.h`; the old kvmclock pair 0x11
+/// and 0x12 sits elsewhere).
+pub fn is_kvm_msr(index: u32) -> bool {
+    index & !0xff == 0x4b56_4d00
 }
 
 /// The KVM feature bit that gates PV MSR `index` (Documentation/virt/kvm/

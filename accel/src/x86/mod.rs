@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod hypercall;
 pub mod lbr;
 pub mod pmu;
+pub mod poll_control;
 pub mod steal;
 pub mod vcpu;
 
@@ -39,7 +40,8 @@ pub enum ResetKind {
     Cold,
     /// x86 INIT (an INIT IPI, INIT-SIPI-SIPI): KVM's `init_event = true`.
     /// Steal time, kvmclock, async PF and the LAPIC timer are reset as on a
-    /// RESET; the PMU, the TSC and IA32_TSC_ADJUST are kept (SDM vol. 3
+    /// RESET; the PMU, the TSC, IA32_TSC_ADJUST and MSR_KVM_POLL_CONTROL
+    /// are kept (SDM vol. 3
     /// table 10-1 "INIT: unchanged"; KVM never resets its PMU on INIT). On
     /// arm64 there is none: it is taken as [`ResetKind::Cold`].
     Init,
@@ -60,6 +62,8 @@ pub struct SavedMsrs {
     pub system_time: u64,
     /// MSR_KVM_WALL_CLOCK(_NEW).
     pub wall_clock: u64,
+    /// MSR_KVM_POLL_CONTROL.
+    pub poll_control: u64,
     /// The PMU's registers.
     pub pmu: pmu::PmuRegs,
 }

@@ -19,6 +19,7 @@ use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
 use crate::x86::hypercall;
 use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
+use crate::x86::poll_control::{PollControl, MSR_KVM_POLL_CONTROL};
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 pub use crate::x86::SavedMsrs;
 
@@ -38,13 +39,16 @@ pub const PMU_PERFCTR_CORE: u32 = 0x200;
 /// AMD PerfMonV2 (CPUID 0x80000022 EAX bit 0).
 pub const PMU_PERFMON_V2: u32 = 0x400;
 
-/// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock.
+/// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock,
+/// poll control.
 #[derive(Debug, Default)]
 pub(crate) struct X86State {
     /// Steal time (MSR_KVM_STEAL_TIME).
     pub(crate) steal: StealTime,
     /// TSC, TSC_ADJUST, kvmclock, TSC-deadline.
     pub(crate) clock: X86Clock,
+    /// MSR_KVM_POLL_CONTROL.
+    pub(crate) poll_control: PollControl,
 }
 
 /// An x86 vCPU's lock-free state (see [`LocalCell`]): the PMU.
@@ -160,6 +164,8 @@ pub enum MsrOwner {
     Kvmclock,
     /// kvmclock's wall clock: MSR_KVM_WALL_CLOCK(_NEW) (one per VM).
     WallClock,
+    /// MSR_KVM_POLL_CONTROL.
+    PollControl,
 }
 
 impl MsrOwner {
@@ -173,6 +179,7 @@ impl MsrOwner {
             }
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => MsrOwner::Kvmclock,
             clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => MsrOwner::WallClock,
+            MSR_KVM_POLL_CONTROL => MsrOwner::PollControl,
             _ => return None,
         })
     }
@@ -224,6 +231,10 @@ impl<'a> X86<'a> {
         let mut s = self.x.lock();
         s.steal.reset(kind);
         s.clock.reset(kind);
+        if kind == ResetKind::Cold {
+            // QEMU's reset value (KVM's own reset leaves it alone).
+            s.poll_control = PollControl::default();
+        }
         drop(s);
         self.x.pv_unhalt.store(false, Ordering::Relaxed);
         match kind {
@@ -283,15 +294,18 @@ impl<'a> X86<'a> {
         }
     }
 
-    /// The owner of MSR `index` after the MSR space's two rules, which
-    /// apply here and nowhere else: a PV MSR whose feature
-    /// `kvm-pv-enforce-cpuid` hides faults (KVM's `guest_pv_has`), whether
-    /// or not rustkvm implements it; an MSR no model owns is TCG's.
+    /// The owner of MSR `index` after the MSR space's rules, which apply
+    /// here and nowhere else: a PV MSR whose feature `kvm-pv-enforce-cpuid`
+    /// hides faults (KVM's `guest_pv_has`), whether or not rustkvm
+    /// implements it; an MSR of KVM's range no model owns faults (KVM
+    /// #GPs on what it does not implement; TCG would read 0 and drop the
+    /// write); any other MSR no model owns is TCG's.
     fn msr_owner<T>(&self, index: u32) -> Result<MsrOwner, Route<T>> {
         let allowed = cpuid::pv_msr_feature(index).is_none_or(|f| self.pv_enforced().allows(f));
         match MsrOwner::of(index) {
             _ if !allowed => Err(Route::Fault),
             Some(owner) => Ok(owner),
+            None if cpuid::is_kvm_msr(index) => Err(Route::Fault),
             None => Err(Route::Unhandled),
         }
     }
@@ -324,6 +338,7 @@ impl<'a> X86<'a> {
             clock::MSR_IA32_TSC_ADJUST => s.clock.tsc_adjust,
             clock::MSR_IA32_TSC_DEADLINE => s.clock.read_deadline(),
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => s.clock.system_time_msr,
+            MSR_KVM_POLL_CONTROL => s.poll_control.msr(),
             _ => shared.wall_clock_msr.load(Ordering::Relaxed),
         })
     }
@@ -358,6 +373,12 @@ impl<'a> X86<'a> {
                 shared.wall_clock_msr.store(value, Ordering::Relaxed);
                 let (real, vm) = shared.real_and_vm_ns();
                 clock::write_wall_clock(&*shared.host, value, vm, real);
+                Timer::Unchanged
+            }
+            MsrOwner::PollControl => {
+                if self.x.lock().poll_control.write_msr(value).is_err() {
+                    return Route::Fault;
+                }
                 Timer::Unchanged
             }
         };
@@ -571,6 +592,7 @@ impl<'a> X86<'a> {
             tsc_deadline: s.clock.tsc_deadline,
             system_time: s.clock.system_time_msr,
             wall_clock: shared.wall_clock_msr.load(Ordering::Relaxed),
+            poll_control: s.poll_control.msr(),
             pmu: self.local(|l| {
                 let ev = l.events(shared, l.pmu.counts_cycles());
                 l.pmu.save(&ev)
@@ -593,6 +615,7 @@ impl<'a> X86<'a> {
         s.clock
             .write_pvclock(&*shared.host, rate, self.kvmclock_stable());
         shared.wall_clock_msr.store(m.wall_clock, Ordering::Relaxed);
+        s.poll_control = PollControl::load(m.poll_control);
         drop(s);
         self.local(|l| {
             let ev = l.events(shared, true);
@@ -961,6 +984,7 @@ mod tests {
             (MSR_KVM_SYSTEM_TIME_NEW, Kvmclock),
             (MSR_KVM_WALL_CLOCK, WallClock),
             (MSR_KVM_WALL_CLOCK_NEW, WallClock),
+            (0x4b56_4d05, PollControl),
         ] {
             assert_eq!(MsrOwner::of(msr), Some(owner), "{msr:#x}");
         }
@@ -970,7 +994,15 @@ mod tests {
         let vcpu = Vcpu::new(0, Arch::X86_64);
         let v = vcpu.x86().unwrap();
         v.setup(0, 0, PMU_NONE, None);
-        assert_eq!(v.rdmsr(pv_eoi), Route::Unhandled, "not enforced: TCG's");
+        assert_eq!(
+            v.rdmsr(pv_eoi),
+            Route::Fault,
+            "not enforced, not implemented: #GP, not TCG's silent 0"
+        );
+        assert_eq!(v.wrmsr(0x4b56_4d08, 1), Route::Fault, "migration control");
+        assert_eq!(v.rdmsr(0x4b56_4dff), Route::Fault, "KVM's range");
+        assert_eq!(v.rdmsr(0x4b56_4e00), Route::Unhandled, "beyond it: TCG's");
+        assert_eq!(v.rdmsr(0x4b56_4d05), Route::Handled(1), "poll control");
         v.enforce_pv_cpuid(true);
         // KVM_CAP_ENFORCE_PV_FEATURE_CPUID: a PV MSR whose feature is not
         // advertised faults, whether or not rustkvm implements it.

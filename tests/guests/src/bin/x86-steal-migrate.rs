@@ -5,7 +5,8 @@
 //! the move, tests/tests/migration.rs) keeps checking that the MSR reads
 //! back. Afterwards the destination must go on updating the structure, as
 //! KVM does after KVM_SET_MSRS restores the MSR. Without the MSR in the
-//! stream the destination reads it as 0. Not part of the matrix.
+//! stream the destination reads it as 0. MSR_KVM_POLL_CONTROL, set to 0
+//! (its reset value is 1), must keep its value too. Not part of the matrix.
 #![no_std]
 #![no_main]
 
@@ -33,7 +34,13 @@ fn main(t: &mut Test) {
     // SAFETY: volatile read of memory the host writes.
     let version = || unsafe { addr_of!(ST.version).read_volatile() };
     let value = addr_of!(ST) as u64 | 1;
+    const MSR_KVM_POLL_CONTROL: u32 = 0x4b56_4d05;
     t.eq("enable", arch::wrmsr(MSR_KVM_STEAL_TIME, value), Ok(()));
+    t.eq(
+        "poll-control-off",
+        arch::wrmsr(MSR_KVM_POLL_CONTROL, 0),
+        Ok(()),
+    );
     println!("ready");
     let mut bad = None;
     let mut checks = 0u64;
@@ -50,6 +57,11 @@ fn main(t: &mut Test) {
         "msr-kept-its-value",
         bad.is_none(),
         format_args!("{bad:?} after {checks} reads"),
+    );
+    t.eq(
+        "poll-control-kept-its-value",
+        arch::rdmsr(MSR_KVM_POLL_CONTROL),
+        Ok(0),
     );
     let (moved_at, start) = (version(), arch::rdtsc());
     while version() == moved_at && arch::rdtsc().wrapping_sub(start) < UPDATE_WITHIN {
