@@ -215,7 +215,11 @@ fn main(t: &mut Test) {
 
     set(addr_of_mut!(STOP), 1);
     let done = wait(|| get(addr_of!(AP_STAGE)) == 2);
-    t.check("ap-stopped", done, format_args!("stage {}", get(addr_of!(AP_STAGE))));
+    t.check(
+        "ap-stopped",
+        done,
+        format_args!("stage {}", get(addr_of!(AP_STAGE))),
+    );
     // The AP is done: its flag carries no request the host has not taken.
     let flag = ap_preempted().load(Ordering::Acquire);
     t.check(
