@@ -213,6 +213,12 @@ uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
 uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
                                     uint32_t reg);
 /**
+ * An MSI `address` as the local APICs read it when the guest has
+ * KVM_FEATURE_MSI_EXT_DEST_ID: bits 11:5 (destination bits 14:8) moved to
+ * the upper half, as QEMU's kvm_swizzle_msi_ext_dest_id does for KVM.
+ */
+uint64_t rustkvm_x86_msi_ext_dest_id(uint64_t address);
+/**
  * The bits every CPU model, `max` included, has off unless the user turns
  * them on, as under KVM (QEMU's kvm_default_props "monitor=off").
  */

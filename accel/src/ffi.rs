@@ -516,6 +516,16 @@ pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg
     crate::x86::cpuid::defaults(leaf, subleaf, reg)
 }
 
+/// An MSI address as the local APICs read it, for a guest with
+/// KVM_FEATURE_MSI_EXT_DEST_ID (see `x86::msi`).
+///
+/// # Safety
+/// Always safe to call; `unsafe` only for uniformity of the ABI.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_msi_ext_dest_id(address: u64) -> u64 {
+    crate::x86::msi::swizzle_ext_dest_id(address)
+}
+
 /// CPUID policy: which bits every model has off unless the user asks.
 ///
 /// # Safety

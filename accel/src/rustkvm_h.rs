@@ -220,6 +220,10 @@ unsafe extern "C" {
     pub fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32;
 }
 unsafe extern "C" {
+    #[doc = " An MSI `address` as the local APICs read it when the guest has\n KVM_FEATURE_MSI_EXT_DEST_ID: bits 11:5 (destination bits 14:8) moved to\n the upper half, as QEMU's kvm_swizzle_msi_ext_dest_id does for KVM."]
+    pub fn rustkvm_x86_msi_ext_dest_id(address: u64) -> u64;
+}
+unsafe extern "C" {
     #[doc = " The bits every CPU model, `max` included, has off unless the user turns\n them on, as under KVM (QEMU's kvm_default_props \"monitor=off\")."]
     pub fn rustkvm_x86_cpuid_default_off(leaf: u32, subleaf: u32, reg: u32) -> u32;
 }

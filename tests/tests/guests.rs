@@ -181,8 +181,8 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x1003aab",
-            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, pv-tlb-flush, send-ipi, poll-control, sched-yield, stable bit"
+            "0x100baab",
+            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, pv-tlb-flush, send-ipi, poll-control, sched-yield, msi-ext-dest-id, stable bit"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -310,6 +310,45 @@ fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
             r.outcome.serial
         );
     }
+    let tcg = run::run_with(&t, Arch::X86_64, Variant::Default, Backend::Tcg, &opts).expect("ran");
+    assert!(
+        matches!(tcg.outcome.status, Status::Skip(_)),
+        "{:?}",
+        tcg.outcome.status
+    );
+}
+
+#[test]
+fn x86_a_device_interrupt_reaches_an_apic_id_above_255_with_msi_ext_dest_id() {
+    let _serial = serial();
+    // The machine of x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode:
+    // vCPU 1 has APIC ID 256.
+    let opts = run::RunOptions {
+        qemu_args: [
+            "-M",
+            "q35",
+            "-smp",
+            "1,maxcpus=258,sockets=2,cores=129",
+            "-device",
+            "max-x86_64-cpu,socket-id=1,core-id=0,thread-id=0",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    };
+    let t = find_test("x86-msi-ext-dest-id");
+    for variant in [Variant::Default, Variant::RrSmp2, Variant::Icount] {
+        let r = run::run_with(&t, Arch::X86_64, variant, Backend::Rustkvm, &opts).expect("ran");
+        assert_pass(&r, format_args!("{variant}"));
+        assert!(
+            r.outcome
+                .serial
+                .contains("ok ap-256-has-the-device-interrupt"),
+            "{}",
+            r.outcome.serial
+        );
+    }
+    // Without the feature the guest SKIPs (stock TCG: no KVM leaves).
     let tcg = run::run_with(&t, Arch::X86_64, Variant::Default, Backend::Tcg, &opts).expect("ran");
     assert!(
         matches!(tcg.outcome.status, Status::Skip(_)),
@@ -669,14 +708,14 @@ fn x86_kvm_signature_and_feature_switches() {
     // kvmclock (both MSR pairs), nopiodelay, steal-time, kvmclock-stable-bit.
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100002b");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003aab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baab");
     let r = with(Backend::Rustkvm, Some("max,kvm-pv-tlb-flush=off"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x10038ab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b8ab");
     let r = with(
         Backend::Rustkvm,
         Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off,kvm-pv-ipi=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003209");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b209");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
     assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100202b");
     // MONITOR/MWAIT: TCG's, off in every model under rustkvm as under KVM
@@ -703,9 +742,9 @@ fn x86_kvm_signature_and_feature_switches() {
         Backend::Rustkvm,
         Some("max,kvmclock=off,kvmclock-stable-bit=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x3aa2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0xbaa2");
     let r = with(Backend::Rustkvm, Some("max,kvm-asyncpf=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x1003aab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baab");
     assert!(
         r.outcome.stderr.contains("asyncpf"),
         "no warning:\n{}",

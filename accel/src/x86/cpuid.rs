@@ -33,6 +33,9 @@ pub const KVM_FEATURE_POLL_CONTROL: u32 = 1 << 12;
 pub const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
 /// KVM_FEATURE_ASYNC_PF_INT (MSR_KVM_ASYNC_PF_INT, MSR_KVM_ASYNC_PF_ACK).
 pub const KVM_FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
+/// KVM_FEATURE_MSI_EXT_DEST_ID: MSI address bits 11:5 carry destination
+/// bits 14:8 (`x86::msi`).
+pub const KVM_FEATURE_MSI_EXT_DEST_ID: u32 = 1 << 15;
 /// KVM_FEATURE_CLOCKSOURCE_STABLE_BIT.
 pub const KVM_FEATURE_CLOCKSOURCE_STABLE_BIT: u32 = 1 << 24;
 
@@ -64,7 +67,8 @@ pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_PV_TLB_FLUSH
     | KVM_FEATURE_PV_SEND_IPI
     | KVM_FEATURE_POLL_CONTROL
-    | KVM_FEATURE_PV_SCHED_YIELD;
+    | KVM_FEATURE_PV_SCHED_YIELD
+    | KVM_FEATURE_MSI_EXT_DEST_ID;
 
 /// The KVM features QEMU turns on by default for named CPU models under KVM
 /// (`kvm_default_props` in QEMU's `target/i386/cpu.c`: kvmclock,

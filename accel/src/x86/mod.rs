@@ -4,6 +4,7 @@ pub mod clock;
 pub mod cpuid;
 pub mod hypercall;
 pub mod lbr;
+pub mod msi;
 pub mod pmu;
 pub mod poll_control;
 pub mod steal;
