@@ -93,6 +93,45 @@ fn a_users_kernel_runs_perf_stat_from_debians_linux_perf_on_both_architectures()
 }
 
 #[test]
+fn x86_ptp_kvm_registers_kvms_ptp_clock_under_rustkvm_only() {
+    // Debian builds ptp_kvm as a module: the kernel package's own modules,
+    // loaded by busybox modprobe. Under rustkvm it registers "KVM virtual
+    // PTP" through KVM_HC_CLOCK_PAIRING; under tcg (no KVM) it cannot load.
+    let k = kernel("x86_64");
+    let modules = linux::cache_dir()
+        .join("linux")
+        .join("x86_64")
+        .join("kernel");
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--modules",
+            modules.to_str().expect("utf-8"),
+            "--backend",
+            "tcg",
+            "--backend",
+            "rustkvm",
+            "--run",
+            "modprobe ptp_kvm && grep -x 'KVM virtual PTP' /sys/class/ptp/ptp*/clock_name",
+            "--expect",
+            "tcg=fail",
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let rustkvm = text
+        .split("== ")
+        .find(|s| s.starts_with("x86_64/rustkvm/"))
+        .unwrap_or_default();
+    assert!(
+        rustkvm.contains("PASS: exit 0") && rustkvm.contains("KVM virtual PTP"),
+        "{text}"
+    );
+    assert!(text.contains("PASS: exit 1, expected a failure"), "{text}");
+}
+
+#[test]
 fn a_command_that_fails_where_it_should_pass_fails_the_run() {
     let k = kernel("x86_64");
     let (code, text) = runner(
