@@ -283,11 +283,10 @@ fn x86_a_lone_vcpu_gets_little_steal_from_the_host() {
     }
 }
 
-#[test]
-fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
-    let _serial = serial();
-    // vCPU 1 in socket 1 of 129-core sockets: APIC ID 256 (q35, x2APIC).
-    let opts = run::RunOptions {
+/// A q35 machine whose vCPU 1 sits in socket 1 of 129-core sockets: APIC
+/// ID 256, which only x2APIC mode addresses.
+fn apic_id_256_machine() -> run::RunOptions {
+    run::RunOptions {
         qemu_args: [
             "-M",
             "q35",
@@ -299,7 +298,13 @@ fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
         .map(String::from)
         .to_vec(),
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
+    let _serial = serial();
+    let opts = apic_id_256_machine();
     let t = find_test("x86-kvm-pv-ipi-x2apic");
     for variant in [Variant::Default, Variant::RrSmp2] {
         let r = run::run_with(&t, Arch::X86_64, variant, Backend::Rustkvm, &opts).expect("ran");
@@ -321,21 +326,7 @@ fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
 #[test]
 fn x86_a_device_interrupt_reaches_an_apic_id_above_255_with_msi_ext_dest_id() {
     let _serial = serial();
-    // The machine of x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode:
-    // vCPU 1 has APIC ID 256.
-    let opts = run::RunOptions {
-        qemu_args: [
-            "-M",
-            "q35",
-            "-smp",
-            "1,maxcpus=258,sockets=2,cores=129",
-            "-device",
-            "max-x86_64-cpu,socket-id=1,core-id=0,thread-id=0",
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..Default::default()
-    };
+    let opts = apic_id_256_machine();
     let t = find_test("x86-msi-ext-dest-id");
     for variant in [Variant::Default, Variant::RrSmp2, Variant::Icount] {
         let r = run::run_with(&t, Arch::X86_64, variant, Backend::Rustkvm, &opts).expect("ran");

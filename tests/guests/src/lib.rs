@@ -148,6 +148,18 @@ impl Tolerance {
     }
 }
 
+/// Spin until `cond` holds, for at most 2 * 10^9 tries (a hang guard, not a
+/// time limit): whether it held.
+pub fn spin_until(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..2_000_000_000u64 {
+        if cond() {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    false
+}
+
 /// Wait for a byte from the host on the serial console, for at most `ticks`
 /// of the clock `now` (the host test's "go on"): whether one came.
 pub fn wait_for_host(ticks: u64, now: impl Fn() -> u64) -> bool {

@@ -845,6 +845,60 @@ pub fn start_ap_x2apic(apic_id: u32, work: fn()) {
     wait_for_ap(started);
 }
 
+/// The IRR watcher's progress: 1 in x2APIC mode, 2 saw its vector.
+static WATCHER_STAGE: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+/// The IRR watcher's x2APIC ID as it reads it.
+static WATCHER_ID: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(u32::MAX);
+/// The vector the IRR watcher waits for.
+static WATCHER_VECTOR: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// The IRR watcher's work: x2APIC mode, then, interrupts off (a delivered
+/// vector waits in the IRR), its vector in the IRR within 10 s of a 2 GHz
+/// TSC.
+fn irr_watcher() {
+    use core::sync::atomic::Ordering;
+    enable_x2apic();
+    let id = rdmsr(x2apic_msr(0x20)).unwrap_or(u64::MAX);
+    WATCHER_ID.store(id as u32, Ordering::Release);
+    WATCHER_STAGE.store(1, Ordering::Release);
+    let vector = WATCHER_VECTOR.load(Ordering::Acquire) as u8;
+    let t0 = rdtsc();
+    while rdtsc().wrapping_sub(t0) < 20_000_000_000 {
+        if x2apic_irr(vector) {
+            WATCHER_STAGE.store(2, Ordering::Release);
+            return;
+        }
+        core::hint::spin_loop();
+    }
+}
+
+/// Wait up to 2 s of a 2 GHz TSC for the IRR watcher to reach `stage`.
+fn irr_watcher_reached(stage: u32) -> bool {
+    use core::sync::atomic::Ordering;
+    let t0 = rdtsc();
+    while WATCHER_STAGE.load(Ordering::Acquire) < stage && rdtsc().wrapping_sub(t0) < 4_000_000_000
+    {
+        core::hint::spin_loop();
+    }
+    WATCHER_STAGE.load(Ordering::Acquire) >= stage
+}
+
+/// From a CPU in x2APIC mode ([`enable_x2apic`]), start the AP `apic_id`
+/// as an IRR watcher: it switches to x2APIC mode and, interrupts off,
+/// waits for `vector` in its IRR ([`x2apic_irr_watcher_saw`]). Its x2APIC
+/// ID as it reads it once in x2APIC mode; None if it did not get there.
+pub fn start_x2apic_irr_watcher(apic_id: u32, vector: u8) -> Option<u32> {
+    use core::sync::atomic::Ordering;
+    WATCHER_VECTOR.store(u32::from(vector), Ordering::Release);
+    start_ap_x2apic(apic_id, irr_watcher);
+    irr_watcher_reached(1).then(|| WATCHER_ID.load(Ordering::Acquire))
+}
+
+/// Whether the IRR watcher saw its vector (waiting for it up to 2 s).
+pub fn x2apic_irr_watcher_saw() -> bool {
+    irr_watcher_reached(2)
+}
+
 /// Copy the start-up code and set the next AP's work and stack; returns how
 /// many APs had started before.
 fn prepare_ap(work: fn()) -> u64 {

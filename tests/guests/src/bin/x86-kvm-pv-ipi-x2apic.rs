@@ -34,35 +34,7 @@ const AP_ID: u32 = 256;
 const VECTOR: u8 = 0x42;
 
 #[cfg(target_arch = "x86_64")]
-mod ap {
-    use core::sync::atomic::{AtomicU32, Ordering};
-    use guest::arch;
-
-    /// 1: the AP is in x2APIC mode; 2: it saw the vector in its IRR.
-    pub static STAGE: AtomicU32 = AtomicU32::new(0);
-    /// Its x2APIC ID (MSR 0x802), as it reads it.
-    pub static ID: AtomicU32 = AtomicU32::new(u32::MAX);
-
-    pub fn work() {
-        arch::enable_x2apic();
-        let id = arch::rdmsr(arch::x2apic_msr(0x20)).unwrap_or(u64::MAX);
-        ID.store(id as u32, Ordering::Release);
-        STAGE.store(1, Ordering::Release);
-        // Interrupts stay off: a delivered IPI waits in the IRR.
-        let t0 = arch::rdtsc();
-        while arch::rdtsc().wrapping_sub(t0) < 20_000_000_000 {
-            if arch::x2apic_irr(super::VECTOR) {
-                STAGE.store(2, Ordering::Release);
-                return;
-            }
-            core::hint::spin_loop();
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
-    use core::sync::atomic::Ordering;
     use guest::arch;
     /// KVM_HC_SEND_IPI.
     const KVM_HC_SEND_IPI: u64 = 10;
@@ -85,17 +57,9 @@ fn main(t: &mut Test) {
         arch::rdmsr(arch::MSR_IA32_APIC_BASE).map(|b| b & arch::APIC_BASE_EXTD),
         Ok(arch::APIC_BASE_EXTD),
     );
-    arch::start_ap_x2apic(AP_ID, ap::work);
-    let t0 = arch::rdtsc();
-    while ap::STAGE.load(Ordering::Acquire) == 0 && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
-        core::hint::spin_loop();
-    }
-    t.eq(
-        "ap-started-in-x2apic-mode",
-        ap::STAGE.load(Ordering::Acquire),
-        1,
-    );
-    t.eq("ap-x2apic-id", ap::ID.load(Ordering::Acquire), AP_ID);
+    let id = arch::start_x2apic_irr_watcher(AP_ID, VECTOR);
+    t.eq("ap-started-in-x2apic-mode", id.is_some(), true);
+    t.eq("ap-x2apic-id", id, Some(AP_ID));
 
     // Fixed delivery, physical destination: the ICR's low bits are the vector.
     let icr = u64::from(VECTOR);
@@ -109,14 +73,10 @@ fn main(t: &mut Test) {
         arch::vmcall(KVM_HC_SEND_IPI, [1, 0, u64::from(AP_ID), icr]),
         Ok(1),
     );
-    let t0 = arch::rdtsc();
-    while ap::STAGE.load(Ordering::Acquire) != 2 && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
-        core::hint::spin_loop();
-    }
     t.eq(
         "ap-256-has-the-vector",
-        ap::STAGE.load(Ordering::Acquire),
-        2,
+        arch::x2apic_irr_watcher_saw(),
+        true,
     );
     t.eq("vcpu-0-does-not", arch::x2apic_irr(VECTOR), false);
 }

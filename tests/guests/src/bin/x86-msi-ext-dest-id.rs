@@ -35,29 +35,6 @@ const AP_ID: u32 = 256;
 const VECTOR: u8 = 0x43;
 
 #[cfg(target_arch = "x86_64")]
-mod ap {
-    use core::sync::atomic::{AtomicU32, Ordering};
-    use guest::arch;
-
-    /// 1: the AP is in x2APIC mode; 2: it saw the vector in its IRR.
-    pub static STAGE: AtomicU32 = AtomicU32::new(0);
-
-    pub fn work() {
-        arch::enable_x2apic();
-        STAGE.store(1, Ordering::Release);
-        // Interrupts stay off: a delivered vector waits in the IRR.
-        let t0 = arch::rdtsc();
-        while arch::rdtsc().wrapping_sub(t0) < 20_000_000_000 {
-            if arch::x2apic_irr(super::VECTOR) {
-                STAGE.store(2, Ordering::Release);
-                return;
-            }
-            core::hint::spin_loop();
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
 mod ioapic {
     /// The I/O APIC's MMIO base (identity-mapped).
     const BASE: usize = 0xfec0_0000;
@@ -89,7 +66,6 @@ mod ioapic {
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
-    use core::sync::atomic::Ordering;
     use guest::arch;
     /// KVM_FEATURE_MSI_EXT_DEST_ID.
     const MSI_EXT_DEST_ID: u32 = 1 << 15;
@@ -107,16 +83,8 @@ fn main(t: &mut Test) {
         return;
     }
     arch::enable_x2apic();
-    arch::start_ap_x2apic(AP_ID, ap::work);
-    let t0 = arch::rdtsc();
-    while ap::STAGE.load(Ordering::Acquire) == 0 && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
-        core::hint::spin_loop();
-    }
-    t.eq(
-        "ap-started-in-x2apic-mode",
-        ap::STAGE.load(Ordering::Acquire),
-        1,
-    );
+    let id = arch::start_x2apic_irr_watcher(AP_ID, VECTOR);
+    t.eq("ap-started-in-x2apic-mode", id, Some(AP_ID));
 
     ioapic::route(PIT_PIN, VECTOR, AP_ID);
     // PIT channel 0, mode 0 (interrupt on terminal count), 100 ticks: one
@@ -124,15 +92,8 @@ fn main(t: &mut Test) {
     arch::outb(0x43, 0x30);
     arch::outb(0x40, 100);
     arch::outb(0x40, 0);
-    let t0 = arch::rdtsc();
-    while ap::STAGE.load(Ordering::Acquire) != 2 && arch::rdtsc().wrapping_sub(t0) < 4_000_000_000 {
-        core::hint::spin_loop();
-    }
+    let saw = arch::x2apic_irr_watcher_saw();
     ioapic::mask(PIT_PIN);
-    t.eq(
-        "ap-256-has-the-device-interrupt",
-        ap::STAGE.load(Ordering::Acquire),
-        2,
-    );
+    t.eq("ap-256-has-the-device-interrupt", saw, true);
     t.eq("vcpu-0-does-not", arch::x2apic_irr(VECTOR), false);
 }

@@ -36,7 +36,7 @@ fn main(t: &mut Test) {
 #[cfg(target_arch = "x86_64")]
 mod flush {
     use core::ptr::{addr_of, addr_of_mut};
-    use core::sync::atomic::{AtomicU8, Ordering};
+    use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
     use guest::arch::{self, KvmStealTime, MSR_KVM_STEAL_TIME};
     use guest::paging::{self, Table};
 
@@ -60,19 +60,13 @@ mod flush {
     pub static mut OLD_PAGE: Page = Page([0; 512]);
     pub static mut NEW_PAGE: Page = Page([0; 512]);
     pub static mut AP_ST: KvmStealTime = KvmStealTime::new();
-    pub static mut AP_STAGE: u64 = 0;
-    pub static mut AP_SEEN: u64 = 0;
-    pub static mut AP_READS: u64 = 0;
-    pub static mut STOP: u64 = 0;
-
-    pub fn get(p: *const u64) -> u64 {
-        // SAFETY: aligned static shared between the vCPUs.
-        unsafe { p.read_volatile() }
-    }
-    pub fn set(p: *mut u64, v: u64) {
-        // SAFETY: aligned static shared between the vCPUs.
-        unsafe { p.write_volatile(v) }
-    }
+    /// 1: steal time on (99: refused); 2: stopped.
+    pub static AP_STAGE: AtomicU64 = AtomicU64::new(0);
+    /// The word the AP read at `VA` last.
+    pub static AP_SEEN: AtomicU64 = AtomicU64::new(0);
+    /// How many times it read it.
+    pub static AP_READS: AtomicU64 = AtomicU64::new(0);
+    pub static STOP: AtomicU64 = AtomicU64::new(0);
 
     /// The AP's `preempted` byte, as the guest's other vCPUs use it.
     pub fn ap_preempted() -> &'static AtomicU8 {
@@ -107,23 +101,14 @@ mod flush {
     pub fn ap_work() {
         let gpa = addr_of!(AP_ST) as u64;
         let ok = arch::wrmsr(MSR_KVM_STEAL_TIME, gpa | 1).is_ok();
-        set(addr_of_mut!(AP_STAGE), if ok { 1 } else { 99 });
-        while get(addr_of!(STOP)) == 0 {
-            set(addr_of_mut!(AP_SEEN), get(VA as *const u64));
-            set(addr_of_mut!(AP_READS), get(addr_of!(AP_READS)) + 1);
+        AP_STAGE.store(if ok { 1 } else { 99 }, Ordering::Release);
+        while STOP.load(Ordering::Acquire) == 0 {
+            // SAFETY: VA is mapped (map_window) to one of this guest's pages.
+            let word = unsafe { (VA as *const u64).read_volatile() };
+            AP_SEEN.store(word, Ordering::Release);
+            AP_READS.fetch_add(1, Ordering::AcqRel);
         }
-        set(addr_of_mut!(AP_STAGE), 2);
-    }
-
-    /// Wait (bounded) until `cond` holds; false on timeout.
-    pub fn wait(mut cond: impl FnMut() -> bool) -> bool {
-        for _ in 0..2_000_000_000u64 {
-            if cond() {
-                return true;
-            }
-            core::hint::spin_loop();
-        }
-        false
+        AP_STAGE.store(2, Ordering::Release);
     }
 
     /// Linux's deferral: while the AP's byte says preempted, cmpxchg
@@ -154,10 +139,9 @@ mod flush {
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
-    use core::ptr::{addr_of, addr_of_mut};
     use core::sync::atomic::Ordering;
     use flush::*;
-    use guest::arch;
+    use guest::{arch, spin_until};
 
     if !arch::has_kvm_signature() {
         t.skip("pv-tlb-flush", "no KVM signature at CPUID 0x40000000");
@@ -171,20 +155,20 @@ fn main(t: &mut Test) {
     );
     map_window();
     arch::start_ap(1, ap_work);
-    let up = wait(|| get(addr_of!(AP_STAGE)) != 0);
+    let up = spin_until(|| AP_STAGE.load(Ordering::Acquire) != 0);
     t.check(
         "ap-started-and-enabled-steal-time",
-        up && get(addr_of!(AP_STAGE)) == 1,
-        format_args!("stage {}", get(addr_of!(AP_STAGE))),
+        up && AP_STAGE.load(Ordering::Acquire) == 1,
+        format_args!("stage {}", AP_STAGE.load(Ordering::Acquire)),
     );
     if !up {
         return;
     }
-    let cached = wait(|| get(addr_of!(AP_READS)) >= 3);
+    let cached = spin_until(|| AP_READS.load(Ordering::Acquire) >= 3);
     t.check(
         "ap-reads-the-old-page",
-        cached && get(addr_of!(AP_SEEN)) == OLD,
-        format_args!("seen {:#x}", get(addr_of!(AP_SEEN))),
+        cached && AP_SEEN.load(Ordering::Acquire) == OLD,
+        format_args!("seen {:#x}", AP_SEEN.load(Ordering::Acquire)),
     );
 
     remap();
@@ -192,11 +176,11 @@ fn main(t: &mut Test) {
     match defer_flush(2_000_000_000) {
         Some(waited) => {
             t.measure("flush.waited-ticks", format_args!("{waited}"));
-            let reads = get(addr_of!(AP_READS));
+            let reads = AP_READS.load(Ordering::Acquire);
             // A few reads after the resume: under MTTCG the AP's thread may
             // finish the block it was in when it was descheduled first.
-            let resumed = wait(|| get(addr_of!(AP_READS)) >= reads + 3);
-            let seen = get(addr_of!(AP_SEEN));
+            let resumed = spin_until(|| AP_READS.load(Ordering::Acquire) >= reads + 3);
+            let seen = AP_SEEN.load(Ordering::Acquire);
             let flag = ap_preempted().load(Ordering::Acquire);
             t.check(
                 "deferred-flush-seen-on-resume",
@@ -213,12 +197,12 @@ fn main(t: &mut Test) {
         ),
     }
 
-    set(addr_of_mut!(STOP), 1);
-    let done = wait(|| get(addr_of!(AP_STAGE)) == 2);
+    STOP.store(1, Ordering::Release);
+    let done = spin_until(|| AP_STAGE.load(Ordering::Acquire) == 2);
     t.check(
         "ap-stopped",
         done,
-        format_args!("stage {}", get(addr_of!(AP_STAGE))),
+        format_args!("stage {}", AP_STAGE.load(Ordering::Acquire)),
     );
     // The AP is done: its flag carries no request the host has not taken.
     let flag = ap_preempted().load(Ordering::Acquire);
