@@ -195,6 +195,14 @@ void rustkvm_vcpu_run_end(RustkvmVcpu *vcpu, bool halted);
  */
 uint32_t rustkvm_x86_cpuid(RustkvmVcpu *vcpu, uint32_t leaf, uint32_t subleaf,
                            uint32_t regs[4]);
+/**
+ * CPUID leaf 0x15 or 0x16 (Intel models), or 0x40000010 (where QEMU offers
+ * its vmware-cpuid-freq leaf), where the leaf is in range: regs[0..4] =
+ * EAX, EBX, ECX, EDX from the VM's TSC rate (left alone for a NULL vcpu).
+ */
+void rustkvm_x86_cpuid_tsc(RustkvmVcpu *vcpu, uint32_t leaf, uint32_t regs[4]);
+/** The basic CPUID level Intel models get at least: 0x15 and 0x16 in range. */
+#define RUSTKVM_X86_TSC_LEAVES_MIN_LEVEL 0x16u
 /** RDMSR `index`: HANDLED fills *value, FAULT raises #GP(0). */
 uint32_t rustkvm_x86_rdmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t *value);
 /** WRMSR `index` = value: HANDLED consumes it, FAULT raises #GP(0). */
@@ -399,6 +407,14 @@ typedef struct RustkvmX86Msrs {
     uint64_t pmu_gp[8];
     /** IA32_PERFEVTSELx (CPUX86State::msr_gp_evtsel). */
     uint64_t pmu_evtsel[8];
+    /** MSR_KVM_PV_EOI_EN (CPUX86State::pv_eoi_en_msr). */
+    uint64_t pv_eoi;
+    /**
+     * The PV EOI protocol: 0 idle, 1 the guest's bit set by the host, 2 an
+     * EOI the guest made in memory still owed to the APIC
+     * (CPUX86State::rustkvm_pv_eoi_state).
+     */
+    uint8_t pv_eoi_state;
 } RustkvmX86Msrs;
 /** Copy the MSRs out, before QEMU saves the vCPU. */
 void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);
@@ -408,6 +424,24 @@ void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);
  * RustkvmCounting.active says whether the vCPU's blocks must count).
  */
 void rustkvm_x86_load_msrs(RustkvmVcpu *vcpu, const RustkvmX86Msrs *msrs);
+
+/*
+ * x86 PV EOI (KVM_FEATURE_PV_EOI): the TCG local APIC's side, on the vCPU's
+ * own thread with the BQL held.
+ */
+/** The APIC acknowledged `vector` (IRR to ISR); `level`: its TMR bit. */
+void rustkvm_x86_apic_acked(RustkvmVcpu *vcpu, uint8_t vector, bool level);
+/** The APIC ended its highest in-service interrupt (an EOI of any kind). */
+void rustkvm_x86_apic_eoied(RustkvmVcpu *vcpu);
+/**
+ * The APIC is about to look at its in-service state (a register access,
+ * an acknowledgement, a re-evaluation of what to deliver: KVM's exit). The
+ * guest's bit is settled and, with `event` (an interrupt event: KVM's
+ * entry with KVM_REQ_EVENT), re-armed where KVM would (`irr_pending`: any
+ * IRR bit set). True: the guest ended an interrupt in memory, and the APIC
+ * must do that EOI now.
+ */
+bool rustkvm_x86_pv_eoi_sync(RustkvmVcpu *vcpu, bool irr_pending, bool event);
 
 /* x86 hypercalls (VMCALL/VMMCALL, vCPU thread). */
 /** Nothing beyond writing RAX. */

@@ -431,6 +431,63 @@ pub unsafe extern "C" fn rustkvm_x86_cpuid(
     finish(v.cpuid(leaf, subleaf, *regs), |r| *regs = r)
 }
 
+/// CPUID leaf 0x15, 0x16 or 0x40000010 (the TSC rate), filled into `regs`.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `regs` is NULL or points to 4 `u32`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_cpuid_tsc(vcpu: *mut RustkvmVcpu, leaf: u32, regs: *mut u32) {
+    // SAFETY: forwarded caller contract.
+    let Some(v) = (unsafe { x86_ref(vcpu) }) else {
+        return;
+    };
+    // SAFETY: the caller passes NULL or 4 writable, aligned u32.
+    if let Some(regs) = unsafe { regs.cast::<[u32; 4]>().as_mut() } {
+        *regs = v.tsc_cpuid(leaf);
+    }
+}
+
+const _: () =
+    assert!(header::RUSTKVM_X86_TSC_LEAVES_MIN_LEVEL == crate::x86::cpuid::TSC_LEAVES_MIN_LEVEL);
+
+/// The local APIC acknowledged `vector` (PV EOI).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_apic_acked(vcpu: *mut RustkvmVcpu, vector: u8, level: bool) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { x86_ref(vcpu) } {
+        v.apic_acked(vector, level);
+    }
+}
+
+/// The local APIC did an EOI (PV EOI).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_apic_eoied(vcpu: *mut RustkvmVcpu) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { x86_ref(vcpu) } {
+        v.apic_eoied();
+    }
+}
+
+/// The local APIC looks at its state: settle PV EOI; true: do an EOI now.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_pv_eoi_sync(
+    vcpu: *mut RustkvmVcpu,
+    irr_pending: bool,
+    event: bool,
+) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { x86_ref(vcpu) }.is_some_and(|v| v.pv_eoi_sync(irr_pending, event))
+}
+
 /// Store through an out-pointer that may be NULL.
 ///
 /// # Safety
@@ -561,6 +618,8 @@ pub unsafe extern "C" fn rustkvm_x86_save_msrs(
             pmu_fixed: m.pmu.fixed,
             pmu_gp: m.pmu.gp,
             pmu_evtsel: m.pmu.evtsel,
+            pv_eoi: m.pv_eoi,
+            pv_eoi_state: m.pv_eoi_state,
         };
     }
 }
@@ -590,6 +649,8 @@ fn saved_msrs(m: &header::RustkvmX86Msrs) -> SavedMsrs {
         system_time: m.system_time,
         wall_clock: m.wall_clock,
         poll_control: m.poll_control,
+        pv_eoi: m.pv_eoi,
+        pv_eoi_state: m.pv_eoi_state,
         pmu: PmuRegs {
             fixed_ctrl: m.pmu_fixed_ctr_ctrl,
             global_ctrl: m.pmu_global_ctrl,
@@ -1239,7 +1300,7 @@ mod tests {
                 rustkvm_x86_cpuid_supported(0x4000_0001, 0, 0, 0) & 0x80,
                 0x80
             );
-            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x100_002b);
+            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x100_006b);
             let zero = header::RustkvmX86Msrs {
                 steal_time: 0,
                 tsc: 0,
@@ -1254,6 +1315,8 @@ mod tests {
                 pmu_fixed: [0; 3],
                 pmu_gp: [0; 8],
                 pmu_evtsel: [0; 8],
+                pv_eoi: 0,
+                pv_eoi_state: 0,
             };
             let mut msrs = header::RustkvmX86Msrs {
                 steal_time: 7,

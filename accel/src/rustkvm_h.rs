@@ -18,6 +18,7 @@ pub const RUSTKVM_EREFUSED_VCPU: i32 = -9;
 pub const RUSTKVM_MAX_VCPUS: u32 = 4096;
 pub const RUSTKVM_RESET_COLD: u32 = 0;
 pub const RUSTKVM_RESET_INIT: u32 = 1;
+pub const RUSTKVM_X86_TSC_LEAVES_MIN_LEVEL: u32 = 22;
 pub const RUSTKVM_EV_INSNS_USER: i32 = 0;
 pub const RUSTKVM_EV_INSNS_KERNEL: i32 = 1;
 pub const RUSTKVM_EV_BRANCHES_USER: i32 = 2;
@@ -200,6 +201,10 @@ unsafe extern "C" {
     ) -> u32;
 }
 unsafe extern "C" {
+    #[doc = " CPUID leaf 0x15 or 0x16 (Intel models), or 0x40000010 (where QEMU offers\n its vmware-cpuid-freq leaf), where the leaf is in range: regs[0..4] =\n EAX, EBX, ECX, EDX from the VM's TSC rate (left alone for a NULL vcpu)."]
+    pub fn rustkvm_x86_cpuid_tsc(vcpu: *mut RustkvmVcpu, leaf: u32, regs: *mut u32);
+}
+unsafe extern "C" {
     #[doc = " RDMSR `index`: HANDLED fills *value, FAULT raises #GP(0)."]
     pub fn rustkvm_x86_rdmsr(vcpu: *mut RustkvmVcpu, index: u32, value: *mut u64) -> u32;
 }
@@ -345,10 +350,14 @@ pub struct RustkvmX86Msrs {
     pub pmu_gp: [u64; 8usize],
     #[doc = " IA32_PERFEVTSELx (CPUX86State::msr_gp_evtsel)."]
     pub pmu_evtsel: [u64; 8usize],
+    #[doc = " MSR_KVM_PV_EOI_EN (CPUX86State::pv_eoi_en_msr)."]
+    pub pv_eoi: u64,
+    #[doc = " The PV EOI protocol: 0 idle, 1 the guest's bit set by the host, 2 an\n EOI the guest made in memory still owed to the APIC\n (CPUX86State::rustkvm_pv_eoi_state)."]
+    pub pv_eoi_state: u8,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 232usize];
+    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 248usize];
     ["Alignment of RustkvmX86Msrs"][::core::mem::align_of::<RustkvmX86Msrs>() - 8usize];
     ["Offset of field: RustkvmX86Msrs::steal_time"]
         [::core::mem::offset_of!(RustkvmX86Msrs, steal_time) - 0usize];
@@ -375,6 +384,10 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmX86Msrs, pmu_gp) - 104usize];
     ["Offset of field: RustkvmX86Msrs::pmu_evtsel"]
         [::core::mem::offset_of!(RustkvmX86Msrs, pmu_evtsel) - 168usize];
+    ["Offset of field: RustkvmX86Msrs::pv_eoi"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, pv_eoi) - 232usize];
+    ["Offset of field: RustkvmX86Msrs::pv_eoi_state"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, pv_eoi_state) - 240usize];
 };
 unsafe extern "C" {
     #[doc = " Copy the MSRs out, before QEMU saves the vCPU."]
@@ -383,6 +396,18 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " Take them back, after QEMU loaded the vCPU (values KVM would refuse are\n dropped; the PMU's counters continue from their saved values, and\n RustkvmCounting.active says whether the vCPU's blocks must count)."]
     pub fn rustkvm_x86_load_msrs(vcpu: *mut RustkvmVcpu, msrs: *const RustkvmX86Msrs);
+}
+unsafe extern "C" {
+    #[doc = " The APIC acknowledged `vector` (IRR to ISR); `level`: its TMR bit."]
+    pub fn rustkvm_x86_apic_acked(vcpu: *mut RustkvmVcpu, vector: u8, level: bool);
+}
+unsafe extern "C" {
+    #[doc = " The APIC ended its highest in-service interrupt (an EOI of any kind)."]
+    pub fn rustkvm_x86_apic_eoied(vcpu: *mut RustkvmVcpu);
+}
+unsafe extern "C" {
+    #[doc = " The APIC is about to look at its in-service state (a register access,\n an acknowledgement, a re-evaluation of what to deliver: KVM's exit). The\n guest's bit is settled and, with `event` (an interrupt event: KVM's\n entry with KVM_REQ_EVENT), re-armed where KVM would (`irr_pending`: any\n IRR bit set). True: the guest ended an interrupt in memory, and the APIC\n must do that EOI now."]
+    pub fn rustkvm_x86_pv_eoi_sync(vcpu: *mut RustkvmVcpu, irr_pending: bool, event: bool) -> bool;
 }
 #[doc = " What a hypercall returns (in two registers: no memory round trip)."]
 #[repr(C)]

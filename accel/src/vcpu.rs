@@ -56,13 +56,15 @@ pub struct RouteCounts {
     pub pmu_write: u64,
     /// PMU overflow interrupts raised (x86 LVTPC).
     pub pmi: u64,
+    /// x86 EOIs the guest made in memory (PV EOI).
+    pub pv_eoi: u64,
 }
 
 impl fmt::Display for RouteCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hypercall={} hvc_smc={} pmu_read={} pmu_write={} pmi={}",
+            "cpuid={} rdmsr={} wrmsr={} rdpmc={} hypercall={} hvc_smc={} pmu_read={} pmu_write={} pmi={} pv_eoi={}",
             self.cpuid,
             self.rdmsr,
             self.wrmsr,
@@ -71,7 +73,8 @@ impl fmt::Display for RouteCounts {
             self.hvc_smc,
             self.pmu_read,
             self.pmu_write,
-            self.pmi
+            self.pmi,
+            self.pv_eoi
         )
     }
 }
@@ -90,6 +93,7 @@ pub struct RouteCounters {
     pub(crate) pmu_read: AtomicU64,
     pub(crate) pmu_write: AtomicU64,
     pub(crate) pmi: AtomicU64,
+    pub(crate) pv_eoi: AtomicU64,
 }
 
 /// Count one more (the vCPU's own thread only).
@@ -111,6 +115,7 @@ impl RouteCounters {
             pmu_read: g(&self.pmu_read),
             pmu_write: g(&self.pmu_write),
             pmi: g(&self.pmi),
+            pv_eoi: g(&self.pv_eoi),
         }
     }
 }
@@ -753,7 +758,7 @@ mod tests {
         );
         assert_eq!(
             v.routes().to_string(),
-            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0 pmi=0"
+            "cpuid=1 rdmsr=2 wrmsr=1 rdpmc=1 hypercall=0 hvc_smc=0 pmu_read=0 pmu_write=0 pmi=0 pv_eoi=0"
         );
     }
 }

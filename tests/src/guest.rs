@@ -21,7 +21,8 @@
 //! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
 //!   that is migrated half-way);
 //! - `needs`: host features the `kvm` backend must have, comma-separated:
-//!   `pmu` (a vPMU); without them the `kvm` run is SKIP with the reason.
+//!   `pmu` (a vPMU), `pv-eoi` (a KVM that arms PV EOI: no APICv/AVIC);
+//!   without them the `kvm` run is SKIP with the reason.
 //!
 //! and, for what the project's kvm_pvm hosts measurably cannot do (see
 //! `host.rs`), one line whose text is the SKIP reason there:
@@ -158,7 +159,7 @@ pub struct GuestTest {
     pub compare: bool,
     /// Whether the runner's matrix boots it.
     pub matrix: bool,
-    /// Host features the `kvm` backend needs (`pmu`).
+    /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`).
     pub needs: Vec<String>,
     /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
     pub kvm_pvm_skip: Option<String>,
@@ -264,8 +265,8 @@ impl GuestTest {
                     "machine" => test.machine = Some(value.to_string()),
                     "needs" => {
                         for n in value.split(',') {
-                            if n != "pmu" {
-                                return Err(bad(format!("needs={n}: known: pmu")));
+                            if !matches!(n, "pmu" | "pv-eoi") {
+                                return Err(bad(format!("needs={n}: known: pmu, pv-eoi")));
                             }
                             test.needs.push(n.to_string());
                         }

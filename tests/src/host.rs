@@ -43,6 +43,21 @@ pub fn kvm_no_pmu() -> Option<String> {
     matches!(v.trim(), "N" | "0").then(|| "host KVM has no vPMU (kvm.enable_pmu=N)".to_string())
 }
 
+/// Why the host KVM never arms PV EOI, if it does not: with APICv (Intel)
+/// or AVIC (AMD) on, KVM keeps `irr_pending` set and its in-service cache
+/// invalid, so `apic_sync_pv_eoi_to_guest` never sets the guest's bit
+/// (arch/x86/kvm/lapic.c); the guest then always writes its EOI.
+pub fn kvm_apicv() -> Option<String> {
+    let on = |p: &str| std::fs::read_to_string(p).is_ok_and(|v| matches!(v.trim(), "Y" | "1"));
+    if on("/sys/module/kvm_intel/parameters/enable_apicv") {
+        Some("host KVM uses APICv (kvm_intel.enable_apicv=Y): it never arms PV EOI".to_string())
+    } else if on("/sys/module/kvm_amd/parameters/avic") {
+        Some("host KVM uses AVIC (kvm_amd.avic=1): it never arms PV EOI".to_string())
+    } else {
+        None
+    }
+}
+
 /// The `-cpu` model for a guest under `kvm` that asked for `cpu` (None:
 /// QEMU's default model, which kvm_pvm runs as is). On kvm_pvm the
 /// arch-capabilities feature is taken out of `host`/`max`-based models, or

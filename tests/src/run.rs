@@ -337,6 +337,11 @@ pub fn kvm_skip(test: &GuestTest, arch: Arch) -> Option<String> {
             return Some(why);
         }
     }
+    if test.needs.iter().any(|n| n == "pv-eoi") {
+        if let Some(why) = host::kvm_apicv() {
+            return Some(why);
+        }
+    }
     match &test.kvm_pvm_skip {
         Some(why) if host::kvm_is_pvm() => Some(format!("kvm_pvm: {why}")),
         _ => None,

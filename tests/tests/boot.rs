@@ -28,6 +28,14 @@ fn runner(args: &[&str], record: bool) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
+/// The runner's report of the configuration whose label starts with
+/// `label` (from its "== LABEL" header to the next); empty if none.
+fn section<'a>(text: &'a str, label: &str) -> &'a str {
+    text.split("== ")
+        .find(|s| s.starts_with(label))
+        .unwrap_or_default()
+}
+
 fn kernel(arch: &str) -> String {
     let arch = rustkvm_tests::Arch::ALL
         .into_iter()
@@ -93,39 +101,100 @@ fn a_users_kernel_runs_perf_stat_from_debians_linux_perf_on_both_architectures()
 }
 
 #[test]
-fn x86_ptp_kvm_registers_kvms_ptp_clock_under_rustkvm_only() {
-    // Debian builds ptp_kvm as a module: the kernel package's own modules,
-    // loaded by busybox modprobe. Under rustkvm it registers "KVM virtual
-    // PTP" through KVM_HC_CLOCK_PAIRING; under tcg (no KVM) it cannot load.
+fn x86_ptp_kvm_and_pv_eoi_work_under_rustkvm_only() {
+    // One boot with the kernel package's own modules (busybox modprobe),
+    // for two of KVM's PV features:
+    // - Debian builds ptp_kvm as a module. Under rustkvm it registers "KVM
+    //   virtual PTP" through KVM_HC_CLOCK_PAIRING; under tcg (no KVM) it
+    //   cannot load, and the command fails there.
+    // - Linux's kvm_guest_cpu_init writes MSR_KVM_PV_EOI_EN (0x4b564d04)
+    //   with its per-CPU word's address and bit 0 on every CPU when CPUID
+    //   offers KVM_FEATURE_PV_EOI; the msr module reads it back at that
+    //   offset of /dev/cpu/N/msr.
     let k = kernel("x86_64");
     let modules = linux::cache_dir()
         .join("linux")
         .join("x86_64")
         .join("kernel");
+    let pv_eoi = |cpu: u32| {
+        format!(
+            "v=$(dd if=/dev/cpu/{cpu}/msr bs=8 count=1 skip=$((0x4b564d04)) \
+             iflag=skip_bytes 2>/dev/null | od -An -tx8 | tr -d ' '); \
+             echo cpu{cpu} MSR_KVM_PV_EOI_EN=0x$v; [ $((0x$v & 1)) = 1 ]"
+        )
+    };
+    let cmd = format!(
+        "modprobe ptp_kvm && grep -x 'KVM virtual PTP' /sys/class/ptp/ptp*/clock_name \
+         && modprobe msr && {} && {}",
+        pv_eoi(0),
+        pv_eoi(1)
+    );
     let (code, text) = runner(
         &[
             "--kernel",
             &k,
             "--modules",
             modules.to_str().expect("utf-8"),
+            // The kernel package's modules make a 100 MB initramfs, which
+            // TCG unpacks in about 3 minutes: the default 180 s hang guard
+            // was seen to cut such a boot short.
+            "--timeout",
+            "900",
             "--backend",
             "tcg",
             "--backend",
             "rustkvm",
             "--run",
-            "modprobe ptp_kvm && grep -x 'KVM virtual PTP' /sys/class/ptp/ptp*/clock_name",
+            &cmd,
             "--expect",
             "tcg=fail",
         ],
         true,
     );
     assert_eq!(code, Some(0), "{text}");
-    let rustkvm = text
-        .split("== ")
-        .find(|s| s.starts_with("x86_64/rustkvm/"))
-        .unwrap_or_default();
+    let rustkvm = section(&text, "x86_64/rustkvm/");
     assert!(
         rustkvm.contains("PASS: exit 0") && rustkvm.contains("KVM virtual PTP"),
+        "{text}"
+    );
+    assert!(
+        rustkvm.contains("cpu0 MSR_KVM_PV_EOI_EN=0x")
+            && rustkvm.contains("cpu1 MSR_KVM_PV_EOI_EN=0x"),
+        "both vCPUs: {text}"
+    );
+    assert!(text.contains("PASS: exit 1, expected a failure"), "{text}");
+}
+
+#[test]
+fn x86_perf_finds_the_tsc_rate_in_cpuid_on_an_intel_model_under_rustkvm_only() {
+    // perf's expression parser test wants #system_tsc_freq > 0 on Intel
+    // (tools/perf/tests/expr.c); perf reads it from CPUID 0x15, else from
+    // "@ x.xxGHz" in /proc/cpuinfo's model name (tools/perf/arch/x86/util/
+    // tsc.c). rustkvm fills 0x15 from the VM's TSC rate; under tcg the
+    // leaf is out of range and QEMU's model name has no rate: it fails.
+    let k = kernel("x86_64");
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--backend",
+            "tcg,pmu=intel",
+            "--backend",
+            "rustkvm,pmu=intel",
+            "--packages",
+            "linux-perf",
+            "--run",
+            "perf test -v 'Simple expression parser' >/tmp/o 2>&1; cat /tmp/o; \
+             grep -q 'Simple expression parser *: Ok' /tmp/o",
+            "--expect",
+            "tcg,pmu=intel=fail",
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let rustkvm = section(&text, "x86_64/rustkvm,pmu=intel/");
+    assert!(
+        rustkvm.contains("PASS: exit 0") && rustkvm.contains(": Ok"),
         "{text}"
     );
     assert!(text.contains("PASS: exit 1, expected a failure"), "{text}");

@@ -319,6 +319,54 @@ fn on_the_apic_id_256_machine(test: &str, variants: &[Variant], line: &str) {
     );
 }
 
+/// CPUID's TSC-rate leaves follow the VM's TSC rate (`tsc-frequency=`)
+/// and the model: 0x15/0x16 on Intel models only, 0x40000010 on QEMU's
+/// terms (an invariant TSC or a rate the user gave). The guest measures the
+/// rate against the local APIC timer; here the rate it reports is the one
+/// asked for. (Broken on purpose: 0x15 reporting 3/1 for a 2 GHz TSC fails
+/// `tsc-runs-at-0x15s-ratio`.)
+#[test]
+fn x86_tsc_leaves_follow_the_tsc_frequency_and_the_model() {
+    let _serial = serial();
+    let t = find_test("x86-tsc-leaves");
+    for (cpu, khz, intel, hv_leaf) in [
+        (
+            "max,vendor=GenuineIntel,tsc-frequency=1500000000",
+            1_500_000,
+            true,
+            true,
+        ),
+        ("max,tsc-frequency=3000000000", 3_000_000, false, true),
+        (
+            "Skylake-Client,tsc-frequency=2400000000",
+            2_400_000,
+            true,
+            true,
+        ),
+        ("Skylake-Client", 2_000_000, true, false),
+    ] {
+        let opts = run::RunOptions {
+            qemu_args: vec!["-cpu".to_string(), cpu.to_string()],
+            ..Default::default()
+        };
+        let r = run::run_with(&t, Arch::X86_64, Variant::Default, Backend::Rustkvm, &opts)
+            .expect("ran");
+        assert_pass(&r, format_args!("-cpu {cpu}"));
+        assert_eq!(r.outcome.measure_u64("tsc-khz"), khz, "-cpu {cpu}");
+        let ok = |line: &str| r.outcome.serial.contains(&format!("ok {line}"));
+        assert_eq!(
+            ok("tsc-runs-at-0x15s-ratio"),
+            intel,
+            "-cpu {cpu}: {}",
+            r.outcome.serial
+        );
+        assert_eq!(ok("leaf-16-base-mhz"), intel, "-cpu {cpu}");
+        assert_eq!(ok("no-leaf-15-on-amd"), !intel, "-cpu {cpu}");
+        assert_eq!(ok("tsc-runs-at-0x40000010s-rate"), hv_leaf, "-cpu {cpu}");
+        assert_eq!(ok("hv-leaf-offered-with-invtsc"), !hv_leaf, "-cpu {cpu}");
+    }
+}
+
 #[test]
 fn x86_send_ipi_reaches_an_apic_id_above_255_in_x2apic_mode() {
     let _serial = serial();
@@ -535,7 +583,23 @@ fn arm64_kvm_ptp_counts_with_the_counter_offset() {
             ..Default::default()
         };
         for variant in [Variant::Default, Variant::Icount] {
-            arm_run("arm-kvm-ptp", variant, opts.clone());
+            // The PTP clock is the host's real time: it lies between the
+            // host's clock before the run and after it, within 10 ms (the
+            // issue's bound; the call reads CLOCK_REALTIME itself).
+            let real_ns = || {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("after 1970")
+                    .as_nanos() as u64
+            };
+            let before = real_ns();
+            let r = arm_run("arm-kvm-ptp", variant, opts.clone());
+            let after = real_ns();
+            let ptp = r.outcome.measure_u64("ptp-real-ns");
+            assert!(
+                before - 10_000_000 <= ptp && ptp <= after + 10_000_000,
+                "PTP time {ptp} ns, host {before}..{after} ns"
+            );
         }
     }
 }

@@ -926,7 +926,8 @@ impl World {
             SYSTEM_TIME | SYSTEM_TIME_NEW => prop_assert_eq!(r, Route::Handled(self.systime[cpu])),
             WALL_CLOCK | WALL_CLOCK_NEW => prop_assert_eq!(r, Route::Handled(self.wall)),
             // Async PF, PV EOI, poll control: #GP when enforced and not
-            // advertised (`guest_pv_has`), else not rustkvm's.
+            // advertised (`guest_pv_has`); their values are the models'
+            // unit tests' business.
             0x4b56_4d02 | 0x4b56_4d04 | 0x4b56_4d05 => {
                 if !pv(other_pv_feature(msr)) {
                     prop_assert_eq!(r, Route::Fault);
@@ -1109,8 +1110,8 @@ impl World {
     }
 }
 
-/// The KVM feature of the PV MSRs rustkvm leaves to TCG (async PF, PV
-/// EOI, poll control): enforced and not advertised, they #GP.
+/// The KVM feature of the PV MSRs this harness does not model (async PF,
+/// PV EOI, poll control): enforced and not advertised, they #GP.
 fn other_pv_feature(msr: u32) -> u32 {
     match msr {
         0x4b56_4d02 => 1 << 4,

@@ -3,6 +3,8 @@
 //! Spec: Linux `Documentation/virt/kvm/x86/cpuid.rst`,
 //! `arch/x86/include/uapi/asm/kvm_para.h`.
 
+use crate::x86::clock::TscRate;
+
 /// KVM_CPUID_SIGNATURE: EAX = highest KVM leaf, EBX/ECX/EDX = "KVMKVMKVM\0\0\0".
 pub const KVM_CPUID_SIGNATURE: u32 = 0x4000_0000;
 /// KVM_CPUID_FEATURES: EAX = feature bits, EDX = hints.
@@ -63,6 +65,7 @@ pub const IMPLEMENTED_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
     | KVM_FEATURE_CLOCKSOURCE2
     | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
     | KVM_FEATURE_STEAL_TIME
+    | KVM_FEATURE_PV_EOI
     | KVM_FEATURE_PV_UNHALT
     | KVM_FEATURE_PV_TLB_FLUSH
     | KVM_FEATURE_PV_SEND_IPI
@@ -89,6 +92,60 @@ pub const CPUID_1_ECX_MONITOR: u32 = 1 << 3;
 /// CPUID.1:ECX bit 15 PDCM: IA32_PERF_CAPABILITIES exists (QEMU clears it
 /// without `pmu=on`; SDM vol. 2A, CPUID).
 pub const CPUID_1_ECX_PDCM: u32 = 1 << 15;
+
+/// CPUID 0x15: the TSC / core crystal clock ratio (EAX denominator, EBX
+/// numerator) and the crystal's rate in Hz (ECX) (SDM vol. 2A, CPUID leaf
+/// 15H; Linux `native_calibrate_tsc`, perf's `arch_get_tsc_freq`).
+pub const CPUID_TSC_CRYSTAL: u32 = 0x15;
+/// CPUID 0x16: processor base (EAX[15:0]), maximum (EBX[15:0]) and bus
+/// (ECX[15:0]) frequency in MHz (SDM vol. 2A, CPUID leaf 16H).
+pub const CPUID_PROCESSOR_FREQUENCY: u32 = 0x16;
+/// CPUID 0x40000010: the TSC (EAX) and APIC bus (EBX) rates in kHz, the
+/// leaf QEMU adds under KVM with `vmware-cpuid-freq` (`kvm_arch_init_vcpu`
+/// in QEMU's `target/i386/kvm/kvm.c`).
+pub const CPUID_HV_TIMING: u32 = 0x4000_0010;
+/// The basic CPUID level that holds both TSC leaves: Intel models under
+/// rustkvm get at least this one (unless `-cpu ...,level=` says otherwise).
+pub const TSC_LEAVES_MIN_LEVEL: u32 = CPUID_PROCESSOR_FREQUENCY;
+/// The local APIC timer's input clock in Hz: QEMU's TCG local APIC counts
+/// nanoseconds of VM time (`hw/intc/apic.c`), as KVM's does
+/// (KVM_APIC_BUS_FREQUENCY, 1 GHz). It is what leaf 0x15 reports as the
+/// core crystal, which is the local APIC timer's clock on the CPUs that
+/// enumerate it (Linux sets `lapic_timer_period` from it).
+pub const APIC_BUS_HZ: u64 = 1_000_000_000;
+
+/// What TSC-rate leaf `leaf` (0x15, 0x16 or 0x40000010) holds for a guest
+/// TSC of `rate`, as EAX, EBX, ECX, EDX; zeros for any other leaf. The
+/// ratio is exact: crystal Hz * EBX / EAX = the TSC's rate in Hz.
+pub fn tsc_leaf(leaf: u32, rate: TscRate) -> [u32; 4] {
+    let khz = rate.khz();
+    let crystal_khz = APIC_BUS_HZ / 1000;
+    let clamp = |v: u64, max: u64| v.min(max) as u32;
+    match leaf {
+        CPUID_TSC_CRYSTAL => {
+            let g = gcd(khz, crystal_khz);
+            [
+                clamp(crystal_khz / g, u32::MAX.into()),
+                clamp(khz / g, u32::MAX.into()),
+                APIC_BUS_HZ as u32,
+                0,
+            ]
+        }
+        CPUID_PROCESSOR_FREQUENCY => {
+            let mhz = clamp(khz / 1000, 0xffff);
+            [mhz, mhz, clamp(APIC_BUS_HZ / 1_000_000, 0xffff), 0]
+        }
+        CPUID_HV_TIMING => [clamp(khz, u32::MAX.into()), crystal_khz as u32, 0, 0],
+        _ => [0; 4],
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
 
 /// Which bits of CPUID `leaf`/`subleaf` register `reg` rustkvm can offer,
 /// given what TCG offers (`tcg`).
@@ -170,6 +227,41 @@ mod tests {
     }
 
     #[test]
+    fn the_tsc_leaves_give_the_tsc_rate_exactly() {
+        for khz in [2_000_000u64, 1_500_000, 2_345_678, 3_000_001, 999] {
+            let rate = TscRate::new(khz);
+            let [den, num, crystal, edx] = tsc_leaf(CPUID_TSC_CRYSTAL, rate);
+            assert_eq!(crystal, 1_000_000_000, "the APIC bus is the crystal");
+            assert_eq!(edx, 0);
+            assert!(den != 0 && num != 0, "{khz} kHz: {den}/{num}");
+            // Linux's native_calibrate_tsc: crystal_khz * EBX / EAX.
+            assert_eq!(
+                u64::from(crystal) / 1000 * u64::from(num) / u64::from(den),
+                khz
+            );
+            // perf's arch_get_tsc_freq: ECX * EBX / EAX in Hz.
+            assert_eq!(
+                u64::from(crystal) * u64::from(num) / u64::from(den),
+                khz * 1000
+            );
+            assert_eq!(
+                tsc_leaf(CPUID_PROCESSOR_FREQUENCY, rate),
+                [(khz / 1000) as u32, (khz / 1000) as u32, 1000, 0]
+            );
+            assert_eq!(
+                tsc_leaf(CPUID_HV_TIMING, rate),
+                [khz as u32, 1_000_000, 0, 0]
+            );
+        }
+        assert_eq!(
+            tsc_leaf(CPUID_TSC_CRYSTAL, TscRate::new(2_000_000))[..2],
+            [1, 2],
+            "2 GHz on a 1 GHz crystal: 2/1, reduced"
+        );
+        assert_eq!(tsc_leaf(0x14, TscRate::new(0)), [0; 4]);
+    }
+
+    #[test]
     fn only_implemented_bits_are_supported_and_defaults_are_kvms() {
         assert_eq!(
             supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0),
@@ -200,9 +292,10 @@ mod tests {
                 | KVM_FEATURE_NOP_IO_DELAY
                 | KVM_FEATURE_CLOCKSOURCE2
                 | KVM_FEATURE_STEAL_TIME
+                | KVM_FEATURE_PV_EOI
                 | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
         );
-        assert_eq!(d, 0x100_002b);
+        assert_eq!(d, 0x100_006b);
         assert_eq!(d & !supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0), 0);
         assert_eq!(defaults(1, 0, REG_EAX), 0);
         assert_eq!(default_off(1, 0, REG_ECX), 1 << 3, "monitor=off, as KVM");

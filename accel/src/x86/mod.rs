@@ -7,6 +7,7 @@ pub mod lbr;
 pub mod msi;
 pub mod pmu;
 pub mod poll_control;
+pub mod pv_eoi;
 pub mod steal;
 pub mod vcpu;
 
@@ -65,6 +66,10 @@ pub struct SavedMsrs {
     pub wall_clock: u64,
     /// MSR_KVM_POLL_CONTROL.
     pub poll_control: u64,
+    /// MSR_KVM_PV_EOI_EN.
+    pub pv_eoi: u64,
+    /// The PV EOI protocol's state ([`pv_eoi::PvEoiState::code`]).
+    pub pv_eoi_state: u8,
     /// The PMU's registers.
     pub pmu: pmu::PmuRegs,
 }

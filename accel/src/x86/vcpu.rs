@@ -20,6 +20,7 @@ use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
 use crate::x86::hypercall;
 use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
 use crate::x86::poll_control::{PollControl, MSR_KVM_POLL_CONTROL};
+use crate::x86::pv_eoi::{PvEoi, PvEoiState, MSR_KVM_PV_EOI_EN};
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 pub use crate::x86::SavedMsrs;
 
@@ -40,7 +41,7 @@ pub const PMU_PERFCTR_CORE: u32 = 0x200;
 pub const PMU_PERFMON_V2: u32 = 0x400;
 
 /// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock,
-/// poll control.
+/// poll control, PV EOI.
 #[derive(Debug, Default)]
 pub(crate) struct X86State {
     /// Steal time (MSR_KVM_STEAL_TIME).
@@ -49,6 +50,8 @@ pub(crate) struct X86State {
     pub(crate) clock: X86Clock,
     /// MSR_KVM_POLL_CONTROL.
     pub(crate) poll_control: PollControl,
+    /// MSR_KVM_PV_EOI_EN and the PV EOI protocol.
+    pub(crate) pv_eoi: PvEoi,
 }
 
 /// An x86 vCPU's lock-free state (see [`LocalCell`]): the PMU.
@@ -166,6 +169,8 @@ pub enum MsrOwner {
     WallClock,
     /// MSR_KVM_POLL_CONTROL.
     PollControl,
+    /// MSR_KVM_PV_EOI_EN.
+    PvEoi,
 }
 
 impl MsrOwner {
@@ -180,6 +185,7 @@ impl MsrOwner {
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => MsrOwner::Kvmclock,
             clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => MsrOwner::WallClock,
             MSR_KVM_POLL_CONTROL => MsrOwner::PollControl,
+            MSR_KVM_PV_EOI_EN => MsrOwner::PvEoi,
             _ => return None,
         })
     }
@@ -231,6 +237,8 @@ impl<'a> X86<'a> {
         let mut s = self.x.lock();
         s.steal.reset(kind);
         s.clock.reset(kind);
+        // KVM's kvm_lapic_reset clears PV EOI on INIT and RESET alike.
+        s.pv_eoi.reset();
         if kind == ResetKind::Cold {
             // QEMU's reset value (KVM's own reset leaves it alone).
             s.poll_control = PollControl::default();
@@ -294,6 +302,36 @@ impl<'a> X86<'a> {
         }
     }
 
+    /// The local APIC acknowledged `vector` (`level`: its TMR bit), for
+    /// PV EOI.
+    pub fn apic_acked(&self, vector: u8, level: bool) {
+        self.x.lock().pv_eoi.acked(vector, level);
+    }
+
+    /// The local APIC did an EOI.
+    pub fn apic_eoied(&self) {
+        self.x.lock().pv_eoi.eoied();
+    }
+
+    /// The local APIC looks at its state (see [`crate::x86::pv_eoi`]),
+    /// after an interrupt event or not: true if it must do an EOI now,
+    /// one the guest made in memory.
+    pub fn pv_eoi_sync(&self, irr_pending: bool, event: bool) -> bool {
+        let ram = GuestRam::new(&*self.shared().host);
+        let eoi = self.x.lock().pv_eoi.sync(ram, irr_pending, event);
+        if eoi {
+            bump(&self.routes().pv_eoi);
+        }
+        eoi
+    }
+
+    /// CPUID leaf 0x15, 0x16 or 0x40000010 from the VM's one TSC rate
+    /// ([`cpuid::tsc_leaf`]); QEMU asks only for a leaf in range that the
+    /// CPU model gets.
+    pub fn tsc_cpuid(&self, leaf: u32) -> [u32; 4] {
+        cpuid::tsc_leaf(leaf, self.shared().tsc_rate())
+    }
+
     /// The owner of MSR `index` after the MSR space's rules, which apply
     /// here and nowhere else: a PV MSR whose feature `kvm-pv-enforce-cpuid`
     /// hides faults (KVM's `guest_pv_has`), whether or not rustkvm
@@ -339,6 +377,7 @@ impl<'a> X86<'a> {
             clock::MSR_IA32_TSC_DEADLINE => s.clock.read_deadline(),
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => s.clock.system_time_msr,
             MSR_KVM_POLL_CONTROL => s.poll_control.msr(),
+            MSR_KVM_PV_EOI_EN => s.pv_eoi.msr(),
             _ => shared.wall_clock_msr.load(Ordering::Relaxed),
         })
     }
@@ -377,6 +416,13 @@ impl<'a> X86<'a> {
             }
             MsrOwner::PollControl => {
                 if self.x.lock().poll_control.write_msr(value).is_err() {
+                    return Route::Fault;
+                }
+                Timer::Unchanged
+            }
+            MsrOwner::PvEoi => {
+                let ram = GuestRam::new(&*self.shared().host);
+                if self.x.lock().pv_eoi.write_msr(ram, value).is_err() {
                     return Route::Fault;
                 }
                 Timer::Unchanged
@@ -593,6 +639,8 @@ impl<'a> X86<'a> {
             system_time: s.clock.system_time_msr,
             wall_clock: shared.wall_clock_msr.load(Ordering::Relaxed),
             poll_control: s.poll_control.msr(),
+            pv_eoi: s.pv_eoi.msr(),
+            pv_eoi_state: s.pv_eoi.state().code(),
             pmu: self.local(|l| {
                 let ev = l.events(shared, l.pmu.counts_cycles());
                 l.pmu.save(&ev)
@@ -616,6 +664,9 @@ impl<'a> X86<'a> {
             .write_pvclock(&*shared.host, rate, self.kvmclock_stable());
         shared.wall_clock_msr.store(m.wall_clock, Ordering::Relaxed);
         s.poll_control = PollControl::load(m.poll_control);
+        let ram = GuestRam::new(&*shared.host);
+        s.pv_eoi
+            .load(ram, m.pv_eoi, PvEoiState::from_code(m.pv_eoi_state));
         drop(s);
         self.local(|l| {
             let ev = l.events(shared, true);
@@ -985,20 +1036,22 @@ mod tests {
             (MSR_KVM_WALL_CLOCK, WallClock),
             (MSR_KVM_WALL_CLOCK_NEW, WallClock),
             (0x4b56_4d05, PollControl),
+            (0x4b56_4d04, PvEoi),
         ] {
             assert_eq!(MsrOwner::of(msr), Some(owner), "{msr:#x}");
         }
-        let (apic_base, pv_eoi) = (0x1b, 0x4b56_4d04);
+        let (apic_base, async_pf) = (0x1b, 0x4b56_4d02);
         assert_eq!(MsrOwner::of(apic_base), None, "TCG's");
-        assert_eq!(MsrOwner::of(pv_eoi), None, "not implemented: TCG's");
+        assert_eq!(MsrOwner::of(async_pf), None, "not implemented: TCG's");
         let vcpu = Vcpu::new(0, Arch::X86_64);
         let v = vcpu.x86().unwrap();
         v.setup(0, 0, PMU_NONE, None);
         assert_eq!(
-            v.rdmsr(pv_eoi),
+            v.rdmsr(async_pf),
             Route::Fault,
             "not enforced, not implemented: #GP, not TCG's silent 0"
         );
+        assert_eq!(v.rdmsr(0x4b56_4d04), Route::Handled(0), "PV EOI, off");
         assert_eq!(v.wrmsr(0x4b56_4d08, 1), Route::Fault, "migration control");
         assert_eq!(v.rdmsr(0x4b56_4dff), Route::Fault, "KVM's range");
         assert_eq!(v.rdmsr(0x4b56_4e00), Route::Unhandled, "beyond it: TCG's");
@@ -1006,8 +1059,9 @@ mod tests {
         v.enforce_pv_cpuid(true);
         // KVM_CAP_ENFORCE_PV_FEATURE_CPUID: a PV MSR whose feature is not
         // advertised faults, whether or not rustkvm implements it.
-        assert_eq!(v.rdmsr(pv_eoi), Route::Fault);
-        assert_eq!(v.wrmsr(pv_eoi, 1), Route::Fault);
+        assert_eq!(v.rdmsr(0x4b56_4d04), Route::Fault, "PV EOI");
+        assert_eq!(v.wrmsr(0x4b56_4d04, 0), Route::Fault);
+        assert_eq!(v.rdmsr(async_pf), Route::Fault);
         assert_eq!(v.wrmsr(MSR_KVM_STEAL_TIME, 0x1001), Route::Fault);
         assert_eq!(v.rdmsr(MSR_KVM_WALL_CLOCK_NEW), Route::Fault);
         assert_eq!(v.rdmsr(apic_base), Route::Unhandled, "not a PV MSR");

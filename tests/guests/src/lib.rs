@@ -26,6 +26,8 @@ pub mod gic;
 #[cfg(target_arch = "x86_64")]
 pub mod kvmclock;
 pub mod paging;
+#[cfg(target_arch = "x86_64")]
+pub mod pv_eoi;
 pub mod steal;
 pub mod workload;
 #[cfg(target_arch = "x86_64")]

@@ -411,6 +411,29 @@ pub fn nmis() -> (u64, u64) {
     }
 }
 
+/// Point IDT entry `vector` (32-255) at `handler`, a 64-bit interrupt
+/// gate at DPL 0, instead of the counting stub; `handler` ends in IRETQ.
+pub fn set_interrupt_gate(vector: u8, handler: u64) {
+    assert!(vector >= 32, "exception vectors keep their stubs");
+    let v = usize::from(vector);
+    let low = (handler & 0xffff) | (0x08 << 16) | (0x8e00 << 32) | ((handler >> 16) & 0xffff) << 48;
+    // SAFETY: one CPU writes the entry while that vector cannot arrive
+    // (the caller has not sent it yet); the IDT is loaded from memory.
+    unsafe {
+        let idt = &raw mut guest_idt;
+        (&raw mut (*idt)[2 * v + 1]).write_volatile(handler >> 32);
+        (&raw mut (*idt)[2 * v]).write_volatile(low);
+    }
+}
+
+/// Send `vector` to this CPU (xAPIC ICR, fixed delivery, the "self"
+/// shorthand) and wait until the APIC has taken it.
+pub fn self_ipi(vector: u8) {
+    lapic_write(LAPIC_ICR_HI, 0);
+    lapic_write(LAPIC_ICR_LO, 0x0004_4000 | u32::from(vector)); // self, assert, fixed
+    while !lapic_icr_idle() {}
+}
+
 /// Load the (already filled) IDT on this CPU.
 fn load_idt() {
     // SAFETY: the IDT is filled by guest_init_idt before any AP starts.

@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 cpu=max,kvm-pv-enforce-cpuid=on,kvm-steal-time=off,kvm-pv-unhalt=off,kvm-pv-ipi=off,kvm-pv-sched-yield=off compare=off
+//! rustkvm-test: arch=x86_64 cpu=max,kvm-pv-enforce-cpuid=on,kvm-steal-time=off,kvm-pv-unhalt=off,kvm-pv-ipi=off,kvm-pv-sched-yield=off,kvm-pv-eoi=off compare=off
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
 //! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
@@ -8,8 +8,8 @@
 //! feature bit CPUID 0x40000001 does not advertise #GPs on RDMSR and WRMSR,
 //! the advertised ones work, and the hypercalls of features not advertised
 //! return −KVM_ENOSYS. The CPU model here turns off steal time, PV unhalt,
-//! PV IPIs and PV sched-yield; async PF, PV EOI and poll control are never
-//! advertised by rustkvm. SKIPs without the KVM signature (plain TCG).
+//! PV IPIs, PV sched-yield and PV EOI; async PF is never advertised by
+//! rustkvm; poll control is. SKIPs without the KVM signature (plain TCG).
 //! Spec: Documentation/virt/kvm/x86/msr.rst, cpuid.rst; arch/x86/kvm/x86.c
 //! (`guest_pv_has` in kvm_set_msr_common / kvm_get_msr_common,
 //! kvm_emulate_hypercall).
