@@ -1,7 +1,9 @@
 //! `rustkvm-probe`: print the probe's JSON report between its markers.
 //!
 //! `rustkvm-probe` runs every check; `rustkvm-probe --lockbench SECONDS
-//! THREADS` runs only the lock-heavy workload (scripts/bench-steal-lock.sh);
+//! THREADS` runs only the lock-heavy workload (scripts/bench-steal-lock.sh),
+//! `--tlbbench SECONDS THREADS` only the TLB-heavy one (its report under
+//! `lockbench` too);
 //! `rustkvm-probe --busy AMOUNT [--perf]` only the steal-share workload
 //! (`busy`), after the perf sections with `--perf`.
 
@@ -15,6 +17,16 @@ fn main() {
             o.set(
                 "lockbench",
                 rustkvm_probe::lockbench::run("/tmp/lockbench", threads, secs),
+            );
+            o
+        }
+        [flag, secs, threads] if flag == "--tlbbench" => {
+            let secs = secs.parse().unwrap_or(5);
+            let threads = threads.parse().unwrap_or(4);
+            let mut o = rustkvm_probe::json::Json::obj();
+            o.set(
+                "lockbench",
+                rustkvm_probe::lockbench::run_tlb(threads, secs),
             );
             o
         }
