@@ -9,9 +9,10 @@
 # WORKLOAD:
 #   lock    threads creating and unlinking files in one directory
 #           (rustkvm-probe --lockbench), kvm-steal-time=on against =off
-#   tlb     threads of one process mapping, touching and unmapping memory,
-#           so every munmap flushes the other CPUs' TLBs (rustkvm-probe
-#           --tlbbench), kvm-pv-tlb-flush=on against =off (steal time on)
+#   tlb     threads of one process writing a page each and taking write
+#           access away again, so every mprotect flushes the other CPUs'
+#           TLBs (rustkvm-probe --tlbbench), kvm-pv-tlb-flush=on against
+#           =off (steal time on)
 # Each round boots every setup with the feature on and off, alternating
 # (rr_on rr_off mttcg_on mttcg_off ...); every boot must end with the probe's
 # report and exit status 0. Prints ops/s and on/off per setup and round, then

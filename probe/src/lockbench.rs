@@ -3,9 +3,9 @@
 //!   so they contend on the directory's inode lock in the kernel (a
 //!   sleeping lock whose waiters spin while the owner runs — and stop when
 //!   the owner's vCPU is reported preempted);
-//! - TLB-heavy: threads of one process map and unmap memory, so every
-//!   munmap flushes the other CPUs' TLBs (PV TLB flush defers that for
-//!   preempted vCPUs).
+//! - TLB-heavy: threads of one process take write access away from their
+//!   pages, so every mprotect flushes the other CPUs' TLBs (PV TLB flush
+//!   defers that for preempted vCPUs).
 
 use std::fs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,21 +51,24 @@ pub fn run(dir: &str, threads: usize, seconds: u64) -> Json {
 }
 
 /// The TLB-shootdown workload (the PV TLB flush benchmark): `threads`
-/// workers of one process map 16 pages, touch each and unmap them, for
-/// `seconds`. Every munmap of a process whose threads run on other CPUs
-/// flushes those CPUs' TLBs (IPIs, or with KVM_FEATURE_PV_TLB_FLUSH a flag
-/// for each CPU whose vCPU is preempted). Reports the map/unmap rounds done.
+/// workers of one process each write a page of their own and take write
+/// access away again (mprotect), for `seconds`. Every downgrade flushes the
+/// page from the TLBs of the other CPUs that run the process: an IPI each,
+/// which the flushing CPU waits for, or with KVM_FEATURE_PV_TLB_FLUSH a
+/// flag for each CPU whose vCPU is preempted. Reports the rounds done.
 pub fn run_tlb(threads: usize, seconds: u64) -> Json {
-    const PAGES: usize = 16;
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             let (stop, ops) = (Arc::clone(&stop), Arc::clone(&ops));
             std::thread::spawn(move || {
+                let Some(page) = Page::new() else {
+                    return;
+                };
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if map_touch_unmap(PAGES * 4096) {
+                    if page.write_then_protect() {
                         n += 1;
                     }
                 }
@@ -89,26 +92,48 @@ pub fn run_tlb(threads: usize, seconds: u64) -> Json {
     o
 }
 
-/// mmap `len` bytes of anonymous memory, write a byte of each page, munmap.
-fn map_touch_unmap(len: usize) -> bool {
-    // SAFETY: a fresh private anonymous mapping, written only inside its
-    // length and unmapped before anything else can see it.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if p == libc::MAP_FAILED {
-            return false;
+/// One private anonymous page, unmapped when dropped.
+struct Page(*mut libc::c_void);
+
+const PAGE: usize = 4096;
+
+impl Page {
+    fn new() -> Option<Page> {
+        // SAFETY: a fresh private anonymous mapping of one page.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (p != libc::MAP_FAILED).then_some(Page(p))
+    }
+
+    /// Give write access, write the page, take write access away (the
+    /// downgrade is what flushes the other CPUs' TLBs).
+    fn write_then_protect(&self) -> bool {
+        // SAFETY: the page is this thread's own mapping; it is written only
+        // while writable.
+        unsafe {
+            if libc::mprotect(self.0, PAGE, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+                return false;
+            }
+            self.0.cast::<u8>().write_volatile(1);
+            libc::mprotect(self.0, PAGE, libc::PROT_READ) == 0
         }
-        for off in (0..len).step_by(4096) {
-            p.cast::<u8>().add(off).write_volatile(1);
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used.
+        unsafe {
+            libc::munmap(self.0, PAGE);
         }
-        libc::munmap(p, len) == 0
     }
 }
 
