@@ -181,8 +181,8 @@ fn x86_kvm_pv_interface_under_rustkvm_only() {
         );
         assert_eq!(
             measure(&r, "cpuid.40000001.eax"),
-            "0x100baab",
-            "-cpu max: kvmclock, nopiodelay, steal-time, pv-unhalt, pv-tlb-flush, send-ipi, poll-control, sched-yield, msi-ext-dest-id, stable bit"
+            "0x100baeb",
+            "-cpu max: kvmclock, nopiodelay, steal-time, pv-eoi, pv-unhalt, pv-tlb-flush, send-ipi, poll-control, sched-yield, msi-ext-dest-id, stable bit"
         );
         let tcg = run::run(t, Arch::X86_64, variant, Backend::Tcg).expect("ran");
         assert!(
@@ -751,19 +751,22 @@ fn x86_kvm_signature_and_feature_switches() {
     let r = with(Backend::Rustkvm, None);
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "KVMKVMKVM");
     // A named model gets KVM's defaults that rustkvm implements:
-    // kvmclock (both MSR pairs), nopiodelay, steal-time, kvmclock-stable-bit.
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100002b");
+    // kvmclock (both MSR pairs), nopiodelay, steal-time, pv-eoi,
+    // kvmclock-stable-bit.
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100006b");
     let r = with(Backend::Rustkvm, Some("max"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baeb");
     let r = with(Backend::Rustkvm, Some("max,kvm-pv-tlb-flush=off"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b8ab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b8eb");
+    let r = with(Backend::Rustkvm, Some("max,kvm-pv-eoi=off"));
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baab");
     let r = with(
         Backend::Rustkvm,
         Some("max,kvm-pv-unhalt=off,kvm-nopiodelay=off,kvm-steal-time=off,kvm-pv-ipi=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b209");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100b249");
     let r = with(Backend::Rustkvm, Some("qemu64,kvm-pv-sched-yield=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100202b");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100206b");
     // MONITOR/MWAIT: TCG's, off in every model under rustkvm as under KVM
     // (QEMU's kvm_default_props "monitor=off"), unless the user asks.
     for (backend, cpu, want) in [
@@ -788,9 +791,9 @@ fn x86_kvm_signature_and_feature_switches() {
         Backend::Rustkvm,
         Some("max,kvmclock=off,kvmclock-stable-bit=off"),
     );
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0xbaa2");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0xbae2");
     let r = with(Backend::Rustkvm, Some("max,kvm-asyncpf=on"));
-    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baab");
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100baeb");
     assert!(
         r.outcome.stderr.contains("asyncpf"),
         "no warning:\n{}",
