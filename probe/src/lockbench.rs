@@ -17,37 +17,16 @@ use crate::json::Json;
 /// Run `threads` workers for `seconds` in `dir`; report the operations done.
 pub fn run(dir: &str, threads: usize, seconds: u64) -> Json {
     let _ = fs::create_dir_all(dir);
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
-    let workers: Vec<_> = (0..threads)
-        .map(|t| {
-            let (stop, ops, dir) = (Arc::clone(&stop), Arc::clone(&ops), dir.to_string());
-            std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let path = format!("{dir}/{t}-{}", n % 64);
-                    if fs::File::create(&path).is_ok() && fs::remove_file(&path).is_ok() {
-                        n += 1;
-                    }
-                }
-                ops.fetch_add(n, Ordering::Relaxed);
-            })
+    let dir = dir.to_string();
+    timed(threads, seconds, move |t| {
+        let (dir, mut n) = (dir.clone(), 0u64);
+        Some(move || {
+            let path = format!("{dir}/{t}-{}", n % 64);
+            let done = fs::File::create(&path).is_ok() && fs::remove_file(&path).is_ok();
+            n += u64::from(done);
+            done
         })
-        .collect();
-    let start = Instant::now();
-    std::thread::sleep(Duration::from_secs(seconds));
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let _ = w.join();
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let total = ops.load(Ordering::Relaxed);
-    let mut o = Json::obj();
-    o.set("threads", threads)
-        .set("seconds", elapsed)
-        .set("ops", total)
-        .set("ops_per_s", total as f64 / elapsed.max(1e-9));
-    o
+    })
 }
 
 /// The TLB-shootdown workload (the PV TLB flush benchmark): `threads`
@@ -57,20 +36,33 @@ pub fn run(dir: &str, threads: usize, seconds: u64) -> Json {
 /// which the flushing CPU waits for, or with KVM_FEATURE_PV_TLB_FLUSH a
 /// flag for each CPU whose vCPU is preempted. Reports the rounds done.
 pub fn run_tlb(threads: usize, seconds: u64) -> Json {
+    timed(threads, seconds, |_| {
+        let page = Page::new()?;
+        Some(move || page.write_then_protect())
+    })
+}
+
+/// `threads` workers, each running the round `setup` makes for it (None:
+/// that worker does nothing) until `seconds` have passed; the report
+/// counts the rounds that succeeded.
+fn timed<S, R>(threads: usize, seconds: u64, setup: S) -> Json
+where
+    S: Fn(usize) -> Option<R> + Send + Sync + 'static,
+    R: FnMut() -> bool,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
+    let setup = Arc::new(setup);
     let workers: Vec<_> = (0..threads)
-        .map(|_| {
-            let (stop, ops) = (Arc::clone(&stop), Arc::clone(&ops));
+        .map(|t| {
+            let (stop, ops, setup) = (Arc::clone(&stop), Arc::clone(&ops), Arc::clone(&setup));
             std::thread::spawn(move || {
-                let Some(page) = Page::new() else {
+                let Some(mut round) = setup(t) else {
                     return;
                 };
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if page.write_then_protect() {
-                        n += 1;
-                    }
+                    n += u64::from(round());
                 }
                 ops.fetch_add(n, Ordering::Relaxed);
             })
