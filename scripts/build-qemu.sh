@@ -36,6 +36,10 @@ export CCACHE_MAXSIZE=5G
 # QEMU compiles with -g, and ccache then hashes the build directory unless told
 # not to: without this a fresh build directory never hits the cache.
 export CCACHE_NOHASHDIR=true
+# Meson gives the compiler absolute paths into the source tree: relative to
+# the cache, a private pair (RUSTKVM_QEMU_SRC=X/src, RUSTKVM_QEMU_BUILD=X/build)
+# compiles to the same hashes as the shared qemu/src + qemu/build and hits.
+export CCACHE_BASEDIR="$RUSTKVM_CACHE"
 # QEMU's configure pins CC=cc, so meson never adds ccache itself: use Debian's
 # ccache masquerade directory instead.
 export PATH="/usr/lib/ccache:$PATH"

@@ -103,6 +103,17 @@ typedef struct RustkvmHostOps {
     void (*thread_attach)(void);
     /** That thread is done with guest memory: rcu_unregister_thread(). */
     void (*thread_detach)(void);
+    /**
+     * Arm the machine's injection timer (QEMU_CLOCK_VIRTUAL) at
+     * `deadline_ns`, or disarm it (negative); when it expires, call
+     * rustkvm_inject_fire(). BQL held; called under no vCPU lock.
+     */
+    void (*inject_timer)(int64_t deadline_ns);
+    /**
+     * vCPU `cpu_index` may run again (its injected preemption ended):
+     * qemu_cpu_kick() it. BQL held.
+     */
+    void (*wake_vcpu)(uint32_t cpu_index);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */
@@ -187,6 +198,44 @@ void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
 bool rustkvm_vcpu_run_begin(RustkvmVcpu *vcpu);
 /** The vCPU thread left guest execution; `halted`: it stopped voluntarily. */
 void rustkvm_vcpu_run_end(RustkvmVcpu *vcpu, bool halted);
+/**
+ * Whether an injected preemption holds the vCPU off its CPU: QEMU must not
+ * run it, and counts it idle (AccelOpsClass.cpu_is_held). Any thread.
+ */
+bool rustkvm_vcpu_held(const RustkvmVcpu *vcpu);
+
+/*
+ * Injected steal and preemption (docs/steal-time.md "Injected steal"):
+ * at VM time AT, vCPU CPU is held off its CPU for WINDOW ns of VM time
+ * (x86: `preempted` set meanwhile), then its steal grows by STEAL ns. BQL
+ * held. On a refusal nothing is added and `err` (if not NULL) gets a
+ * NUL-terminated message, truncated to `err_len` bytes.
+ */
+/**
+ * -accel rustkvm,inject-steal=SPEC: entries CPU:AT:STEAL[:WINDOW] separated
+ * by '/', times in ns or with a unit (ns, us, ms, s). After machine init.
+ */
+bool rustkvm_inject_spec(const char *spec, char *err, uint32_t err_len);
+/** QMP x-rustkvm-inject-steal: one injection; `at_ns` negative: now. */
+bool rustkvm_inject_add(uint32_t cpu, int64_t at_ns, uint64_t steal_ns,
+                        uint64_t window_ns, char *err, uint32_t err_len);
+/** The injection timer (RustkvmHostOps.inject_timer) expired. */
+void rustkvm_inject_fire(void);
+/**
+ * The injections not done yet, as vmstate carries them (QEMU's
+ * "rustkvm/inject" subsection): copies up to `len` bytes into `buf` (NULL
+ * with `len` 0 only asks) and returns how many bytes the schedule takes (0:
+ * nothing left). VM stopped, BQL held.
+ */
+uint32_t rustkvm_inject_save(uint8_t *buf, uint32_t len);
+/**
+ * Take the schedule of a stream (loadvm, incoming migration) instead of the
+ * machine's own; `len` 0: the stream had none, so none is left. The vCPUs of
+ * windows in progress are held. False, nothing changed, if the bytes are
+ * malformed. VM stopped, BQL held.
+ */
+bool rustkvm_inject_load(const uint8_t *buf, uint32_t len, char *err,
+                         uint32_t err_len);
 
 /* x86 routing points (vCPU thread). */
 /**

@@ -155,6 +155,19 @@ impl Timers for HostMemory {
             unsafe { f(index) }
         }
     }
+    fn inject_timer(&self, deadline_ns: Option<u64>) {
+        if let Some(f) = self.0.inject_timer {
+            let at = deadline_ns.map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX));
+            // SAFETY: a plain C function of QEMU's taking an integer.
+            unsafe { f(at) }
+        }
+    }
+    fn wake_vcpu(&self, index: u32) {
+        if let Some(f) = self.0.wake_vcpu {
+            // SAFETY: a plain C function of QEMU's taking an integer.
+            unsafe { f(index) }
+        }
+    }
 }
 
 impl Threads for HostMemory {
@@ -347,6 +360,147 @@ pub unsafe extern "C" fn rustkvm_vcpu_run_end(vcpu: *mut RustkvmVcpu, halted: bo
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { vcpu_ref(vcpu) } {
         v.run_end(halted);
+    }
+}
+
+/// Whether an injected preemption holds the vCPU off its CPU.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_vcpu_held(vcpu: *const RustkvmVcpu) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { vcpu_ref(vcpu.cast_mut()) }.is_some_and(Vcpu::held)
+}
+
+/// Put `msg` into the caller's error buffer (if any), truncated and
+/// NUL-terminated; false, for the caller to return.
+///
+/// # Safety
+/// `err` is NULL or writable for `err_len` bytes.
+unsafe fn refuse(msg: &str, err: *mut c_char, err_len: u32) -> bool {
+    if !err.is_null() && err_len > 0 {
+        // SAFETY: the caller's buffer of `err_len` bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(err, err_len as usize) };
+        c_name(msg, out);
+    }
+    false
+}
+
+/// Add the injections of `-accel rustkvm,inject-steal=SPEC`.
+///
+/// # Safety
+/// `spec` is NULL or a NUL-terminated string; `err` is NULL or writable for
+/// `err_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_inject_spec(
+    spec: *const c_char,
+    err: *mut c_char,
+    err_len: u32,
+) -> bool {
+    if spec.is_null() {
+        // SAFETY: forwarded caller contract.
+        return unsafe { refuse("no spec", err, err_len) };
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let spec = unsafe { std::ffi::CStr::from_ptr(spec) }.to_string_lossy();
+    let Some(vm) = VM.lock().clone() else {
+        // SAFETY: forwarded caller contract.
+        return unsafe { refuse(&AccelError::NoMachine.to_string(), err, err_len) };
+    };
+    match crate::inject::parse_spec(&spec).and_then(|injs| vm.inject_add(&injs)) {
+        Ok(()) => true,
+        // SAFETY: forwarded caller contract.
+        Err(e) => unsafe { refuse(&e.to_string(), err, err_len) },
+    }
+}
+
+/// Add one injection (QMP `x-rustkvm-inject-steal`); `at_ns` negative: now.
+///
+/// # Safety
+/// `err` is NULL or writable for `err_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_inject_add(
+    cpu: u32,
+    at_ns: i64,
+    steal_ns: u64,
+    window_ns: u64,
+    err: *mut c_char,
+    err_len: u32,
+) -> bool {
+    let Some(vm) = VM.lock().clone() else {
+        // SAFETY: forwarded caller contract.
+        return unsafe { refuse(&AccelError::NoMachine.to_string(), err, err_len) };
+    };
+    let at_ns = u64::try_from(at_ns).unwrap_or_else(|_| vm.virtual_ns());
+    let inj = crate::inject::Injection {
+        cpu,
+        at_ns,
+        steal_ns,
+        window_ns,
+    };
+    match vm.inject_add(&[inj]) {
+        Ok(()) => true,
+        // SAFETY: forwarded caller contract.
+        Err(e) => unsafe { refuse(&e.to_string(), err, err_len) },
+    }
+}
+
+/// The injection timer expired.
+#[unsafe(no_mangle)]
+pub extern "C" fn rustkvm_inject_fire() {
+    let vm = VM.lock().clone();
+    if let Some(vm) = vm {
+        vm.inject_fire();
+    }
+}
+
+/// The injection schedule's vmstate bytes: up to `len` copied into `buf`;
+/// returns the whole length.
+///
+/// # Safety
+/// `buf` is NULL or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_inject_save(buf: *mut u8, len: u32) -> u32 {
+    let Some(vm) = VM.lock().clone() else {
+        return 0;
+    };
+    let bytes = vm.inject_save();
+    if !buf.is_null() {
+        let n = bytes.len().min(len as usize);
+        // SAFETY: the caller's buffer of `len` >= `n` bytes; ours is
+        // another allocation.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, n) };
+    }
+    u32::try_from(bytes.len()).unwrap_or(u32::MAX)
+}
+
+/// Take a stream's injection schedule.
+///
+/// # Safety
+/// `buf` is NULL or readable for `len` bytes; `err` is NULL or writable for
+/// `err_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_inject_load(
+    buf: *const u8,
+    len: u32,
+    err: *mut c_char,
+    err_len: u32,
+) -> bool {
+    let Some(vm) = VM.lock().clone() else {
+        // SAFETY: forwarded caller contract.
+        return unsafe { refuse(&AccelError::NoMachine.to_string(), err, err_len) };
+    };
+    let bytes: &[u8] = if buf.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's buffer of `len` bytes.
+        unsafe { std::slice::from_raw_parts(buf, len as usize) }
+    };
+    match vm.inject_load(bytes) {
+        Ok(()) => true,
+        // SAFETY: forwarded caller contract.
+        Err(e) => unsafe { refuse(&e.to_string(), err, err_len) },
     }
 }
 
@@ -1167,6 +1321,8 @@ mod tests {
                 send_ipi: None,
                 clock_ns: None,
                 tsc_deadline_changed: None,
+                inject_timer: None,
+                wake_vcpu: None,
             };
             let bad_arch = RustkvmConfig {
                 arch: 9,
@@ -1229,6 +1385,34 @@ mod tests {
             );
             let msg = CStr::from_ptr(rustkvm_strerror(header::RUSTKVM_EEXIST_VCPU));
             assert_eq!(msg.to_str().unwrap(), "a live vCPU already has this index");
+
+            // Injected steal: refusals say why, truncated to the buffer.
+            let mut buf = [0x55 as c_char; 64];
+            let spec = c"0:1ms:5ms:2ms/2:1ms:1ms";
+            assert!(!rustkvm_inject_spec(spec.as_ptr(), buf.as_mut_ptr(), 64));
+            let msg = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert_eq!(msg, "vCPU 2 does not exist (the machine has 2 vCPU slots)");
+            let mut tiny = [0x55 as c_char; 5];
+            assert!(!rustkvm_inject_spec(c"0".as_ptr(), tiny.as_mut_ptr(), 5));
+            assert_eq!(CStr::from_ptr(tiny.as_ptr()).to_bytes(), b"'0':");
+            assert!(!rustkvm_inject_spec(std::ptr::null(), std::ptr::null_mut(), 0));
+            assert!(rustkvm_inject_spec(c"0:1ms:5ms:2ms".as_ptr(), std::ptr::null_mut(), 0));
+            assert!(!rustkvm_inject_add(0, -1, 1, 2_000_000, buf.as_mut_ptr(), 64));
+            let msg = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
+            assert!(msg.contains("overlaps"), "{msg}");
+            assert!(rustkvm_inject_add(1, -1, 1, 0, std::ptr::null_mut(), 0));
+            assert!(!rustkvm_vcpu_held(v0) && !rustkvm_vcpu_held(std::ptr::null()));
+            rustkvm_inject_fire();
+            assert!(!rustkvm_vcpu_held(v0), "VM time 0: nothing due at 1 ms");
+            let n = rustkvm_inject_save(std::ptr::null_mut(), 0);
+            assert_eq!(n as usize, crate::inject::ENCODED_LEN, "the steal at 0 was due");
+            let mut saved = vec![0u8; n as usize];
+            assert_eq!(rustkvm_inject_save(saved.as_mut_ptr(), n), n);
+            assert!(!rustkvm_inject_load(saved.as_ptr(), n - 1, buf.as_mut_ptr(), 64));
+            assert!(rustkvm_inject_load(std::ptr::null(), 0, std::ptr::null_mut(), 0));
+            assert_eq!(rustkvm_inject_save(std::ptr::null_mut(), 0), 0, "none loaded");
+            assert!(rustkvm_inject_load(saved.as_ptr(), n, std::ptr::null_mut(), 0));
+            assert_eq!(rustkvm_inject_save(std::ptr::null_mut(), 0), n);
 
             let mut regs = [1u32, 2, 3, 4];
             assert_eq!(

@@ -21,6 +21,7 @@ pub mod error;
 pub mod ffi;
 pub mod host;
 pub mod info;
+pub mod inject;
 pub mod machine;
 pub mod memory;
 #[cfg(test)]

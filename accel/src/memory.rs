@@ -199,6 +199,13 @@ pub trait Timers {
     /// vCPU `index`'s TSC-deadline timer changed: QEMU re-arms its local
     /// APIC timer from `Vcpu::tsc_deadline_ns`. Called without any vCPU lock.
     fn tsc_deadline_changed(&self, _index: u32) {}
+    /// Arm the machine's injection timer (`crate::inject`) at VM time
+    /// `deadline_ns`, or disarm it (None); when it fires QEMU calls
+    /// `rustkvm_inject_fire`.
+    fn inject_timer(&self, _deadline_ns: Option<u64>) {}
+    /// vCPU `index` may run again (its injected preemption ended): QEMU
+    /// wakes its thread (`qemu_cpu_kick`).
+    fn wake_vcpu(&self, _index: u32) {}
 }
 
 /// Threads of ours that are not vCPU threads (the steal sampler) follow
@@ -275,6 +282,10 @@ pub mod tests {
         unattached_writes: AtomicU64,
         /// (gpa, size) of every single-copy-atomic store, in order.
         stores: Mutex<Vec<(u64, usize)>>,
+        /// The injection timer's deadline as last armed (None: disarmed).
+        pub inject_timer: Mutex<Option<u64>>,
+        /// vCPUs woken (`wake_vcpu`), in order.
+        pub woken: Mutex<Vec<u32>>,
     }
 
     impl FakeRam {
@@ -288,6 +299,8 @@ pub mod tests {
                 attached_names: Mutex::new(Vec::new()),
                 unattached_writes: AtomicU64::new(0),
                 stores: Mutex::new(Vec::new()),
+                inject_timer: Mutex::new(None),
+                woken: Mutex::new(Vec::new()),
             }
         }
         /// Zeroed RAM whose VM clock (`Timers::virtual_ns`) is `clock`.
@@ -359,6 +372,12 @@ pub mod tests {
         fn virtual_ns(&self) -> u64 {
             self.clock.as_ref().map_or(0, |c| c.load(Ordering::SeqCst))
         }
+        fn inject_timer(&self, deadline_ns: Option<u64>) {
+            *self.inject_timer.lock() = deadline_ns;
+        }
+        fn wake_vcpu(&self, index: u32) {
+            self.woken.lock().push(index);
+        }
     }
 
     impl super::Threads for FakeRam {
@@ -385,6 +404,12 @@ pub mod tests {
     impl super::Timers for Arc<FakeRam> {
         fn virtual_ns(&self) -> u64 {
             (**self).virtual_ns()
+        }
+        fn inject_timer(&self, deadline_ns: Option<u64>) {
+            (**self).inject_timer(deadline_ns)
+        }
+        fn wake_vcpu(&self, index: u32) {
+            (**self).wake_vcpu(index)
         }
     }
 

@@ -83,10 +83,14 @@ pub struct RustkvmHostOps {
     pub thread_attach: ::core::option::Option<unsafe extern "C" fn()>,
     #[doc = " That thread is done with guest memory: rcu_unregister_thread()."]
     pub thread_detach: ::core::option::Option<unsafe extern "C" fn()>,
+    #[doc = " Arm the machine's injection timer (QEMU_CLOCK_VIRTUAL) at\n `deadline_ns`, or disarm it (negative); when it expires, call\n rustkvm_inject_fire(). BQL held; called under no vCPU lock."]
+    pub inject_timer: ::core::option::Option<unsafe extern "C" fn(deadline_ns: i64)>,
+    #[doc = " vCPU `cpu_index` may run again (its injected preemption ended):\n qemu_cpu_kick() it. BQL held."]
+    pub wake_vcpu: ::core::option::Option<unsafe extern "C" fn(cpu_index: u32)>,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 72usize];
+    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 88usize];
     ["Alignment of RustkvmHostOps"][::core::mem::align_of::<RustkvmHostOps>() - 8usize];
     ["Offset of field: RustkvmHostOps::ram_read"]
         [::core::mem::offset_of!(RustkvmHostOps, ram_read) - 0usize];
@@ -106,6 +110,10 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmHostOps, thread_attach) - 56usize];
     ["Offset of field: RustkvmHostOps::thread_detach"]
         [::core::mem::offset_of!(RustkvmHostOps, thread_detach) - 64usize];
+    ["Offset of field: RustkvmHostOps::inject_timer"]
+        [::core::mem::offset_of!(RustkvmHostOps, inject_timer) - 72usize];
+    ["Offset of field: RustkvmHostOps::wake_vcpu"]
+        [::core::mem::offset_of!(RustkvmHostOps, wake_vcpu) - 80usize];
 };
 #[doc = " Machine-wide options, from -accel rustkvm,... properties."]
 #[repr(C)]
@@ -130,7 +138,7 @@ pub struct RustkvmConfig {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 104usize];
+    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 120usize];
     ["Alignment of RustkvmConfig"][::core::mem::align_of::<RustkvmConfig>() - 8usize];
     ["Offset of field: RustkvmConfig::arch"][::core::mem::offset_of!(RustkvmConfig, arch) - 0usize];
     ["Offset of field: RustkvmConfig::max_cpus"]
@@ -190,6 +198,46 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " The vCPU thread left guest execution; `halted`: it stopped voluntarily."]
     pub fn rustkvm_vcpu_run_end(vcpu: *mut RustkvmVcpu, halted: bool);
+}
+unsafe extern "C" {
+    #[doc = " Whether an injected preemption holds the vCPU off its CPU: QEMU must not\n run it, and counts it idle (AccelOpsClass.cpu_is_held). Any thread."]
+    pub fn rustkvm_vcpu_held(vcpu: *const RustkvmVcpu) -> bool;
+}
+unsafe extern "C" {
+    #[doc = " -accel rustkvm,inject-steal=SPEC: entries CPU:AT:STEAL[:WINDOW] separated\n by '/', times in ns or with a unit (ns, us, ms, s). After machine init."]
+    pub fn rustkvm_inject_spec(
+        spec: *const ::core::ffi::c_char,
+        err: *mut ::core::ffi::c_char,
+        err_len: u32,
+    ) -> bool;
+}
+unsafe extern "C" {
+    #[doc = " QMP x-rustkvm-inject-steal: one injection; `at_ns` negative: now."]
+    pub fn rustkvm_inject_add(
+        cpu: u32,
+        at_ns: i64,
+        steal_ns: u64,
+        window_ns: u64,
+        err: *mut ::core::ffi::c_char,
+        err_len: u32,
+    ) -> bool;
+}
+unsafe extern "C" {
+    #[doc = " The injection timer (RustkvmHostOps.inject_timer) expired."]
+    pub fn rustkvm_inject_fire();
+}
+unsafe extern "C" {
+    #[doc = " The injections not done yet, as vmstate carries them (QEMU's\n \"rustkvm/inject\" subsection): copies up to `len` bytes into `buf` (NULL\n with `len` 0 only asks) and returns how many bytes the schedule takes (0:\n nothing left). VM stopped, BQL held."]
+    pub fn rustkvm_inject_save(buf: *mut u8, len: u32) -> u32;
+}
+unsafe extern "C" {
+    #[doc = " Take the schedule of a stream (loadvm, incoming migration) instead of the\n machine's own; `len` 0: the stream had none, so none is left. The vCPUs of\n windows in progress are held. False, nothing changed, if the bytes are\n malformed. VM stopped, BQL held."]
+    pub fn rustkvm_inject_load(
+        buf: *const u8,
+        len: u32,
+        err: *mut ::core::ffi::c_char,
+        err_len: u32,
+    ) -> bool;
 }
 unsafe extern "C" {
     #[doc = " CPUID leaf/subleaf: regs[0..4] = EAX, EBX, ECX, EDX as TCG computed them;\n Rust may rewrite them and returns HANDLED when it did."]

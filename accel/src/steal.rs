@@ -137,6 +137,8 @@ pub trait StealArea {
     fn on(&self) -> bool;
     /// Its accounting.
     fn clock(&self) -> &StealClock;
+    /// Its accounting, to change (injected steal, `crate::inject`).
+    fn clock_mut(&mut self) -> &mut StealClock;
     /// The vCPU enters guest code at host time `now_ns`, its thread's run
     /// delay being `run_delay_ns`: fold the steal in.
     fn enter(

@@ -281,6 +281,9 @@ pub struct Vcpu {
     // Makes the vCPU leave guest code at its next block (QEMU's cpu_exit),
     // from any thread; called and cleared under this lock.
     exit_request: Mutex<Option<ExitRequest>>,
+    // Held off its CPU by an injected preemption (`crate::inject`): it runs
+    // no guest code until released.
+    held: AtomicBool,
     pub(crate) shared: Arc<Shared>,
     arch: ArchVcpu,
 }
@@ -321,6 +324,7 @@ impl Vcpu {
             waiting: AtomicBool::new(false),
             peers_seen_ns: AtomicU64::new(0),
             exit_request: Mutex::new(None),
+            held: AtomicBool::new(false),
             shared,
             arch: match arch {
                 Arch::X86_64 => ArchVcpu::X86(Box::default()),
@@ -366,6 +370,76 @@ impl Vcpu {
     /// QEMU's `cpu_index`.
     pub fn index(&self) -> u32 {
         self.index
+    }
+
+    /// Whether an injected preemption holds the vCPU off its CPU: QEMU
+    /// neither runs it nor counts it as wanting to run (it is idle).
+    pub fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// An injected preemption starts (`crate::inject::Action::Hold`): the
+    /// vCPU leaves guest code at its next block and runs no more until
+    /// [`Vcpu::release`]; x86's `preempted` is set meanwhile, as KVM's
+    /// `kvm_steal_time_set_preempted` does when a runnable vCPU's thread is
+    /// scheduled out. False if the guest has no steal structure on (the hold
+    /// happens anyway).
+    pub fn hold(&self) -> bool {
+        self.held.store(true, Ordering::Release);
+        let mem = &*self.shared.host;
+        let on = self.with_steal(|area| {
+            area.on() && {
+                area.mark_preempted(mem);
+                true
+            }
+        });
+        self.request_exit();
+        on
+    }
+
+    /// Held or not as a loaded injection schedule says (loadvm, incoming
+    /// migration: the VM is stopped; `preempted` came in guest RAM).
+    pub(crate) fn set_held(&self, held: bool) {
+        self.held.store(held, Ordering::Release);
+    }
+
+    /// The injected preemption ends (`crate::inject::Action::Release`): the
+    /// vCPU may run, and its next entry adds `steal_ns` to its steal (and
+    /// clears `preempted`). From then on it is a runnable vCPU waiting for
+    /// its turn like any other (round-robin's own steal counts again). QEMU
+    /// is asked to wake its thread. False if the guest has no steal
+    /// structure on: the steal is dropped, as KVM counts none then.
+    pub fn release(&self, steal_ns: u64) -> bool {
+        let threading = self.shared.threading();
+        let now = self.shared.steal_now_ns();
+        let added = self.with_steal(|area| {
+            area.on() && {
+                let clock = area.clock_mut();
+                clock.pending_ns = clock.pending_ns.saturating_add(steal_ns);
+                if threading == (Threading::RoundRobin { peers: true }) {
+                    clock.runnable_since_ns = now;
+                }
+                true
+            }
+        });
+        self.held.store(false, Ordering::Release);
+        self.shared.host.wake_vcpu(self.index);
+        added
+    }
+
+    /// Injected steal without a window (`crate::inject::Action::Steal`):
+    /// the vCPU's next entry, which this asks for, adds `steal_ns`. False
+    /// (dropped) if the guest has no steal structure on.
+    pub fn inject_steal(&self, steal_ns: u64) -> bool {
+        let added = self.with_steal(|area| {
+            area.on() && {
+                let clock = area.clock_mut();
+                clock.pending_ns = clock.pending_ns.saturating_add(steal_ns);
+                true
+            }
+        });
+        self.request_exit();
+        added
     }
 
     /// The guest architecture.
@@ -437,6 +511,11 @@ impl Vcpu {
                 .store(self.shared.now_ns(), Ordering::Release);
         }
         self.with_pmu_clock(|u| u.begin(self.shared.virtual_ns()));
+        if self.held() {
+            // Held since QEMU last looked: leave at once, `preempted` kept.
+            self.request_exit();
+            return false;
+        }
         let flush = self.with_steal(|area| {
             self.enter_steal(area);
             area.take_tlb_flush()
@@ -519,6 +598,11 @@ impl Vcpu {
     pub fn sample(&self, view: &mut Option<SamplerView>, interval_ns: u64, fold: bool) -> Sampled {
         let tid = self.tid.load(Ordering::Relaxed);
         let (on, flag) = self.with_steal(|area| (area.on(), area.has_preempted_flag()));
+        if self.held() {
+            // An injected preemption owns `preempted` until it ends.
+            *view = None;
+            return Sampled::Idle;
+        }
         if tid == 0 || !on {
             *view = None;
             return Sampled::Unwatched;
@@ -588,6 +672,9 @@ impl Vcpu {
 
     /// The vCPU's thread left guest code; `halted` if voluntarily.
     pub fn run_end(&self, halted: bool) {
+        // A held vCPU left because of its injected preemption: no turn of
+        // its own to account (the injection says what it stole).
+        let halted = halted || self.held();
         if halted {
             self.halts.fetch_add(1, Ordering::Release);
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::AccelError;
 use crate::host::{HostSched, LinuxSched};
+use crate::inject::{Action, InjectError, Injection, Schedule};
 pub use crate::machine::{Arch, Shared};
 use crate::memory::{Host, NoMemory};
 use crate::steal::Threading;
@@ -128,6 +129,8 @@ impl VmConfig {
 pub struct Vm {
     config: VmConfig,
     shared: Arc<Shared>,
+    /// Steal and preemption injections not done yet (`crate::inject`).
+    inject: parking_lot::Mutex<Schedule>,
 }
 
 impl Drop for Vm {
@@ -167,6 +170,7 @@ impl Vm {
         Vm {
             config,
             shared: Arc::new(shared),
+            inject: parking_lot::Mutex::new(Schedule::default()),
         }
     }
 
@@ -253,6 +257,80 @@ impl Vm {
             shared.host.thread_detach();
         })
         .map(|_| ())
+    }
+
+    /// Add injections of steal and preemption (`-accel rustkvm,inject-steal`
+    /// at machine creation, QMP `x-rustkvm-inject-steal` later): all or,
+    /// on the first refusal, none. Re-arms the injection timer.
+    pub fn inject_add(&self, injections: &[Injection]) -> Result<(), InjectError> {
+        let now = self.shared.virtual_ns();
+        let mut schedule = self.inject.lock();
+        let mut next = schedule.clone();
+        for inj in injections {
+            next.add(*inj, self.config.max_cpus, now)?;
+        }
+        *schedule = next;
+        self.shared.host.inject_timer(schedule.next_deadline());
+        Ok(())
+    }
+
+    /// The injection timer fired: apply what is due at VM time now, in VM
+    /// time order, and re-arm the timer. Under `-icount` the timer stops
+    /// guest execution at its deadline, so this runs at the same guest
+    /// instruction every run. What cannot be applied is said on stderr.
+    pub fn inject_fire(&self) {
+        let now = self.shared.virtual_ns();
+        let actions = {
+            let mut schedule = self.inject.lock();
+            let actions = schedule.due(now);
+            self.shared.host.inject_timer(schedule.next_deadline());
+            actions
+        };
+        for action in actions {
+            let (Action::Hold { cpu } | Action::Release { cpu, .. } | Action::Steal { cpu, .. }) =
+                action;
+            let vcpu = self.shared.vcpus.read().get(cpu as usize).cloned().flatten();
+            let Some(vcpu) = vcpu else {
+                eprintln!("rustkvm: inject-steal: vCPU {cpu} does not exist at VM time {now} ns: {action:?} dropped");
+                continue;
+            };
+            let (applied, steal) = match action {
+                Action::Hold { .. } => (vcpu.hold(), 0),
+                Action::Release { steal_ns, .. } => (vcpu.release(steal_ns), steal_ns),
+                Action::Steal { steal_ns, .. } => (vcpu.inject_steal(steal_ns), steal_ns),
+            };
+            if !applied && steal != 0 {
+                eprintln!("rustkvm: inject-steal: vCPU {cpu} has no steal structure on at VM time {now} ns: {steal} ns of steal dropped");
+            }
+        }
+    }
+
+    /// The injections not done yet, as they travel in vmstate
+    /// ([`Schedule::encode`]).
+    pub fn inject_save(&self) -> Vec<u8> {
+        self.inject.lock().encode()
+    }
+
+    /// Take the schedule a migration stream or snapshot brought (empty:
+    /// none), instead of this machine's own: the vCPUs of the windows in
+    /// progress are held (their `preempted` came in guest RAM), the others
+    /// not, and the timer is re-armed. Refused, nothing changed, if the
+    /// bytes are malformed.
+    pub fn inject_load(&self, bytes: &[u8]) -> Result<(), InjectError> {
+        let loaded = Schedule::decode(bytes, self.config.max_cpus)?;
+        let mut schedule = self.inject.lock();
+        for vcpu in self.vcpus() {
+            let held = loaded.active().iter().any(|a| a.cpu == vcpu.index());
+            vcpu.set_held(held);
+        }
+        *schedule = loaded;
+        self.shared.host.inject_timer(schedule.next_deadline());
+        Ok(())
+    }
+
+    /// VM time now (QEMU's virtual clock, ns).
+    pub fn virtual_ns(&self) -> u64 {
+        self.shared.virtual_ns()
     }
 
     /// The `stats=on` report: one line per live vCPU.
@@ -411,6 +489,7 @@ impl Sampler {
 mod tests {
     use super::*;
     use crate::host::tests::{FakeSched, FakeThread};
+    use crate::memory::GuestMemory;
     use std::sync::atomic::AtomicU64;
 
     /// Host threads of the vCPUs in the tests below.
@@ -1260,5 +1339,193 @@ mod tests {
                 ticks * 100.0
             );
         }
+    }
+
+    /// A round-robin `-icount` machine of `n` vCPUs of `arch` over `ram`,
+    /// whose VM time is `clock`.
+    fn icount_vm(
+        arch: Arch,
+        n: u32,
+        ram: &Arc<crate::memory::tests::FakeRam>,
+        host: &Arc<FakeSched>,
+    ) -> Vm {
+        let config = VmConfig {
+            mttcg: false,
+            icount: true,
+            ..VmConfig::new(arch, n, false).unwrap()
+        };
+        Vm::with_sched(
+            config,
+            Box::new(Arc::clone(ram)),
+            Arc::clone(host) as Arc<dyn HostSched>,
+        )
+    }
+
+    fn inj(cpu: u32, at_ns: u64, steal_ns: u64, window_ns: u64) -> Injection {
+        Injection {
+            cpu,
+            at_ns,
+            steal_ns,
+            window_ns,
+        }
+    }
+
+    #[test]
+    fn an_injected_preemption_holds_the_vcpu_preempted_then_adds_exactly_its_steal() {
+        use crate::memory::tests::FakeRam;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        let clock = Arc::new(AtomicU64::new(1_000));
+        let ram = Arc::new(FakeRam::with_clock(0x2000, Arc::clone(&clock)));
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let vm = icount_vm(Arch::X86_64, 2, &ram, &host);
+        let (v0, v1) = (vm.create_vcpu(0).unwrap(), vm.create_vcpu(1).unwrap());
+        let exits = count_exits(&v1);
+        let exits = || exits.load(Ordering::SeqCst);
+        let byte = || {
+            let mut b = [0u8];
+            assert!(ram.read(ST_PREEMPTED, &mut b));
+            b[0]
+        };
+        let steal = || {
+            let mut b = [0u8; 8];
+            assert!(ram.read(ST_GPA, &mut b));
+            u64::from_le_bytes(b)
+        };
+        assert_eq!(
+            v1.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v1.run_begin();
+        v1.run_end(true);
+        assert!(matches!(
+            vm.inject_add(&[inj(1, 10_000, 777, 5_000), inj(0, 999, 1, 0)]),
+            Err(InjectError::Past { .. })
+        ));
+        assert_eq!(*ram.inject_timer.lock(), None, "a refusal adds nothing");
+        vm.inject_add(&[inj(1, 10_000, 777, 5_000)]).unwrap();
+        assert_eq!(*ram.inject_timer.lock(), Some(10_000));
+        let before = steal();
+
+        clock.store(10_000, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(v1.held() && !v0.held());
+        assert_eq!((byte(), exits()), (1, 1), "preempted, and asked to leave");
+        assert_eq!(*ram.inject_timer.lock(), Some(15_000));
+        // QEMU looked before the hold: the entry leaves at once, flag kept.
+        assert!(!v1.run_begin());
+        assert_eq!((byte(), exits()), (1, 2));
+        v1.run_end(false);
+        // vCPU 0 runs on meanwhile, and sees vCPU 1 preempted throughout.
+        clock.store(12_000, Ordering::SeqCst);
+        v0.run_begin();
+        v0.run_end(false);
+        assert_eq!((byte(), steal()), (1, before));
+
+        clock.store(15_000, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(!v1.held());
+        assert_eq!(*ram.woken.lock(), vec![1]);
+        assert_eq!(*ram.inject_timer.lock(), None);
+        assert_eq!(byte(), 1, "cleared by its entry, as KVM's");
+        v1.run_begin();
+        assert_eq!(byte(), 0);
+        assert_eq!(steal(), before + 777, "exactly the injected steal");
+        v1.run_end(true);
+    }
+
+    #[test]
+    fn injected_steal_without_a_window_and_on_arm64_has_no_flag_to_set() {
+        use crate::arm::pvtime::layout::STOLEN_TIME;
+        use crate::memory::tests::FakeRam;
+        const BASE: u64 = 0x1000;
+        let clock = Arc::new(AtomicU64::new(0));
+        let ram = Arc::new(FakeRam::with_clock(0x2000, Arc::clone(&clock)));
+        let host = FakeSched::at(1_000_000);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let vm = icount_vm(Arch::Aarch64, 1, &ram, &host);
+        let v0 = vm.create_vcpu(0).unwrap();
+        let arm = v0.arm().unwrap();
+        arm.set_pvtime_base(BASE).unwrap();
+        // PV_TIME_ST: the guest asks for its structure.
+        let regs = [u64::from(crate::arm::smccc::PV_TIME_ST), 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(arm.hvc_smc(false, regs), crate::Route::Handled([BASE, 0, 0, 0]));
+        let stolen = || {
+            let mut b = [0u8; 8];
+            assert!(ram.read(BASE + STOLEN_TIME, &mut b));
+            u64::from_le_bytes(b)
+        };
+        v0.run_begin();
+        v0.run_end(true);
+        let before = stolen();
+        vm.inject_add(&[inj(0, 100, 40, 0), inj(0, 200, 60, 50)])
+            .unwrap();
+        clock.store(100, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(!v0.held());
+        v0.run_begin();
+        v0.run_end(true);
+        assert_eq!(stolen(), before + 40);
+        clock.store(200, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(v0.held(), "held, with no flag to show it");
+        clock.store(250, Ordering::SeqCst);
+        vm.inject_fire();
+        v0.run_begin();
+        assert_eq!(stolen(), before + 100);
+        v0.run_end(true);
+    }
+
+    #[test]
+    fn the_sampler_leaves_an_injected_preemption_alone() {
+        use crate::vcpu::Sampled;
+        use crate::x86::steal::MSR_KVM_STEAL_TIME;
+        const MS: u64 = 1_000_000;
+        let host = FakeSched::at(MS);
+        host.set(T0, ON_CPU);
+        host.call_as(T0);
+        let vm = vm_on(1, &host);
+        let v0 = vm.create_vcpu(0).unwrap();
+        let byte = || {
+            let mut b = [0u8];
+            assert!(vm.shared.host.read(ST_PREEMPTED, &mut b));
+            b[0]
+        };
+        assert_eq!(
+            v0.x86().unwrap().wrmsr(MSR_KVM_STEAL_TIME, ST_GPA | 1),
+            crate::vcpu::Route::Handled(())
+        );
+        v0.run_begin();
+        vm.inject_add(&[inj(0, 0, 5, 10)]).unwrap();
+        vm.inject_fire();
+        v0.run_end(false);
+        assert_eq!(byte(), 1);
+        let mut view = None;
+        for _ in 0..3 {
+            host.advance(MS);
+            assert_eq!(v0.sample(&mut view, MS, true), Sampled::Idle);
+            assert_eq!(byte(), 1, "the sampler cleared an injected preemption");
+        }
+    }
+
+    #[test]
+    fn injections_for_a_vcpu_without_steal_time_or_absent_are_dropped_not_applied() {
+        use crate::memory::tests::FakeRam;
+        let clock = Arc::new(AtomicU64::new(0));
+        let ram = Arc::new(FakeRam::with_clock(0x2000, Arc::clone(&clock)));
+        let host = FakeSched::at(1_000_000);
+        let vm = icount_vm(Arch::X86_64, 2, &ram, &host);
+        let v0 = vm.create_vcpu(0).unwrap();
+        vm.inject_add(&[inj(0, 10, 5, 10), inj(1, 10, 5, 0)]).unwrap();
+        let writes = ram.writes_since(0).len();
+        clock.store(10, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(v0.held(), "a hold needs no steal structure");
+        clock.store(20, Ordering::SeqCst);
+        vm.inject_fire();
+        assert!(!v0.held());
+        assert_eq!(ram.writes_since(writes), vec![], "nothing written");
     }
 }

@@ -126,6 +126,22 @@ pub fn move_midway_with(
     dst: &Endpoint,
     how: Transfer,
 ) -> Result<Resumed, HarnessError> {
+    move_midway_with_args(test, arch, variant, accel_opts, &[], src, dst, how)
+}
+
+/// [`move_midway_with`] with extra QEMU arguments on both sides too (e.g.
+/// `-icount shift=0,sleep=off`).
+#[allow(clippy::too_many_arguments)]
+pub fn move_midway_with_args(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    accel_opts: &[String],
+    qemu_args: &[String],
+    src: &Endpoint,
+    dst: &Endpoint,
+    how: Transfer,
+) -> Result<Resumed, HarnessError> {
     let dir = std::env::temp_dir().join(format!(
         "rustkvm-move-{}-{}-{:?}",
         std::process::id(),
@@ -133,7 +149,15 @@ pub fn move_midway_with(
         how
     ));
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-    let result = move_in(test, arch, variant, accel_opts, (src, dst), how, &dir);
+    let result = move_in(
+        test,
+        arch,
+        variant,
+        (accel_opts, qemu_args),
+        (src, dst),
+        how,
+        &dir,
+    );
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
@@ -142,7 +166,7 @@ fn move_in(
     test: &GuestTest,
     arch: Arch,
     variant: Variant,
-    accel_opts: &[String],
+    (accel_opts, qemu_args): (&[String], &[String]),
     (src, dst): (&Endpoint, &Endpoint),
     how: Transfer,
     dir: &Path,
@@ -163,6 +187,7 @@ fn move_in(
             &test.binary(arch),
         );
         qemu::add_accel_opts(&mut a, accel_opts);
+        a.extend(qemu_args.iter().cloned());
         if how == Transfer::SaveVm {
             a.extend([
                 "-drive".to_string(),

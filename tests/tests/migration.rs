@@ -124,6 +124,42 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
     }
 }
 
+/// Injected steal (`inject-steal`, docs/steal-time.md) is done once across
+/// a move: the schedule not done yet travels in `rustkvm/inject`, so the
+/// destination, started as the source was, neither repeats the injection
+/// done before the move nor loses the one after it (the guest checks its
+/// steal grew by exactly each). (Broken on purpose: `rustkvm/inject` never
+/// needed, so the destination keeps its command line's schedule and does
+/// the first injection again, failed `second-injection-once-on-the-
+/// destination` with 4000000.)
+#[test]
+fn injected_steal_is_done_once_across_a_move() {
+    let t = find_test("x86-steal-inject-migrate");
+    let ours = Endpoint::ours(Arch::X86_64, Backend::Rustkvm).expect("built");
+    let accel = ["inject-steal=0:10ms:1ms/0:100s:3ms:2ms".to_string()];
+    let icount = ["-icount".to_string(), "shift=0,sleep=off".to_string()];
+    for how in [Transfer::SaveVm, Transfer::Live] {
+        let r = migrate::move_midway_with_args(
+            &t,
+            Arch::X86_64,
+            Variant::Default,
+            &accel,
+            &icount,
+            &ours,
+            &ours,
+            how,
+        )
+        .expect("moved");
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{how:?}: {}\n{}",
+            r.outcome.serial,
+            r.outcome.stderr
+        );
+    }
+}
+
 #[test]
 fn the_arm64_counter_offset_survives_savevm_and_live_migration() {
     // 2^63: the guest's counters run near 2^63 (KVM's VM-wide offset, the

@@ -132,6 +132,10 @@ impl crate::steal::StealArea for PvTime {
         &self.clock
     }
 
+    fn clock_mut(&mut self) -> &mut StealClock {
+        &mut self.clock
+    }
+
     /// The vCPU enters guest execution: add what was stolen since the last
     /// entry to `stolen_time`, as `kvm_update_stolen_time`.
     fn enter(

@@ -186,6 +186,10 @@ impl crate::steal::StealArea for StealTime {
         &self.clock
     }
 
+    fn clock_mut(&mut self) -> &mut StealClock {
+        &mut self.clock
+    }
+
     /// The vCPU enters guest execution at host time `now_ns`, its thread's
     /// run delay being `run_delay_ns`: fold the steal in and clear
     /// `preempted` in the guest's structure, as `record_steal_time` does.
