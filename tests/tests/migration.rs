@@ -128,10 +128,9 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
 /// a move: the schedule not done yet travels in `rustkvm/inject`, so the
 /// destination, started as the source was, neither repeats the injection
 /// done before the move nor loses the one after it (the guest checks its
-/// steal grew by exactly each). (Broken on purpose: `rustkvm/inject` never
-/// needed, so the destination keeps its command line's schedule and does
-/// the first injection again, failed `second-injection-once-on-the-
-/// destination` with 4000000.)
+/// steal grew by exactly each). (Broken on purpose: `Vm::inject_save`
+/// saving nothing, so the stream had no `rustkvm/inject`, failed
+/// `second-injection-once-on-the-destination: got 0, want 3000000`.)
 #[test]
 fn injected_steal_is_done_once_across_a_move() {
     let t = find_test("x86-steal-inject-migrate");
