@@ -1395,9 +1395,24 @@ mod tests {
             let mut tiny = [0x55 as c_char; 5];
             assert!(!rustkvm_inject_spec(c"0".as_ptr(), tiny.as_mut_ptr(), 5));
             assert_eq!(CStr::from_ptr(tiny.as_ptr()).to_bytes(), b"'0':");
-            assert!(!rustkvm_inject_spec(std::ptr::null(), std::ptr::null_mut(), 0));
-            assert!(rustkvm_inject_spec(c"0:1ms:5ms:2ms".as_ptr(), std::ptr::null_mut(), 0));
-            assert!(!rustkvm_inject_add(0, -1, 1, 2_000_000, buf.as_mut_ptr(), 64));
+            assert!(!rustkvm_inject_spec(
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                0
+            ));
+            assert!(rustkvm_inject_spec(
+                c"0:1ms:5ms:2ms".as_ptr(),
+                std::ptr::null_mut(),
+                0
+            ));
+            assert!(!rustkvm_inject_add(
+                0,
+                -1,
+                1,
+                2_000_000,
+                buf.as_mut_ptr(),
+                64
+            ));
             let msg = CStr::from_ptr(buf.as_ptr()).to_str().unwrap();
             assert!(msg.contains("overlaps"), "{msg}");
             assert!(rustkvm_inject_add(1, -1, 1, 0, std::ptr::null_mut(), 0));
@@ -1405,13 +1420,36 @@ mod tests {
             rustkvm_inject_fire();
             assert!(!rustkvm_vcpu_held(v0), "VM time 0: nothing due at 1 ms");
             let n = rustkvm_inject_save(std::ptr::null_mut(), 0);
-            assert_eq!(n as usize, crate::inject::ENCODED_LEN, "the steal at 0 was due");
+            assert_eq!(
+                n as usize,
+                crate::inject::ENCODED_LEN,
+                "the steal at 0 was due"
+            );
             let mut saved = vec![0u8; n as usize];
             assert_eq!(rustkvm_inject_save(saved.as_mut_ptr(), n), n);
-            assert!(!rustkvm_inject_load(saved.as_ptr(), n - 1, buf.as_mut_ptr(), 64));
-            assert!(rustkvm_inject_load(std::ptr::null(), 0, std::ptr::null_mut(), 0));
-            assert_eq!(rustkvm_inject_save(std::ptr::null_mut(), 0), 0, "none loaded");
-            assert!(rustkvm_inject_load(saved.as_ptr(), n, std::ptr::null_mut(), 0));
+            assert!(!rustkvm_inject_load(
+                saved.as_ptr(),
+                n - 1,
+                buf.as_mut_ptr(),
+                64
+            ));
+            assert!(rustkvm_inject_load(
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                0
+            ));
+            assert_eq!(
+                rustkvm_inject_save(std::ptr::null_mut(), 0),
+                0,
+                "none loaded"
+            );
+            assert!(rustkvm_inject_load(
+                saved.as_ptr(),
+                n,
+                std::ptr::null_mut(),
+                0
+            ));
             assert_eq!(rustkvm_inject_save(std::ptr::null_mut(), 0), n);
 
             let mut regs = [1u32, 2, 3, 4];

@@ -33,6 +33,16 @@ pub struct Injection {
 }
 
 impl Injection {
+    /// vCPU `cpu` held `window_ns` from `at_ns`, then `steal_ns` of steal.
+    pub const fn new(cpu: u32, at_ns: u64, steal_ns: u64, window_ns: u64) -> Self {
+        Injection {
+            cpu,
+            at_ns,
+            steal_ns,
+            window_ns,
+        }
+    }
+
     /// When the window ends (VM ns).
     pub fn end_ns(&self) -> u64 {
         self.at_ns.saturating_add(self.window_ns)
@@ -294,7 +304,8 @@ impl Schedule {
         }
         let mut s = Schedule::default();
         for rec in bytes.chunks_exact(ENCODED_LEN) {
-            let u32_at = |o: usize| u32::from_le_bytes([rec[o], rec[o + 1], rec[o + 2], rec[o + 3]]);
+            let u32_at =
+                |o: usize| u32::from_le_bytes([rec[o], rec[o + 1], rec[o + 2], rec[o + 3]]);
             let u64_at = |o: usize| {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&rec[o..o + 8]);
@@ -337,13 +348,8 @@ pub const ENCODED_LEN: usize = 32;
 mod tests {
     use super::*;
 
-    fn inj(cpu: u32, at_ns: u64, steal_ns: u64, window_ns: u64) -> Injection {
-        Injection {
-            cpu,
-            at_ns,
-            steal_ns,
-            window_ns,
-        }
+    fn inj(cpu: u32, at: u64, steal: u64, window: u64) -> Injection {
+        Injection::new(cpu, at, steal, window)
     }
 
     #[test]
@@ -388,7 +394,10 @@ mod tests {
                 max_cpus: 2
             })
         );
-        assert!(matches!(s.add(inj(0, 5, 1, 0), 2, 6), Err(InjectError::Past { .. })));
+        assert!(matches!(
+            s.add(inj(0, 5, 1, 0), 2, 6),
+            Err(InjectError::Past { .. })
+        ));
         s.add(inj(0, 100, 1, 50), 2, 0).unwrap();
         for clash in [inj(0, 120, 1, 10), inj(0, 50, 1, 51), inj(0, 120, 1, 0)] {
             assert!(
@@ -414,15 +423,33 @@ mod tests {
         assert_eq!(s.due(99), vec![]);
         assert_eq!(s.due(100), vec![Action::Hold { cpu: 0 }]);
         assert_eq!(s.next_deadline(), Some(120));
-        assert_eq!(s.due(120), vec![Action::Steal { cpu: 1, steal_ns: 3 }]);
+        assert_eq!(
+            s.due(120),
+            vec![Action::Steal {
+                cpu: 1,
+                steal_ns: 3
+            }]
+        );
         assert_eq!(s.next_deadline(), Some(150));
         // The end of one window before the start of the next at one instant.
         assert_eq!(
             s.due(150),
-            vec![Action::Release { cpu: 0, steal_ns: 7 }, Action::Hold { cpu: 0 }]
+            vec![
+                Action::Release {
+                    cpu: 0,
+                    steal_ns: 7
+                },
+                Action::Hold { cpu: 0 }
+            ]
         );
         assert_eq!(s.next_deadline(), Some(160));
-        assert_eq!(s.due(1_000), vec![Action::Release { cpu: 0, steal_ns: 9 }]);
+        assert_eq!(
+            s.due(1_000),
+            vec![Action::Release {
+                cpu: 0,
+                steal_ns: 9
+            }]
+        );
         assert!(s.is_empty());
         assert_eq!(s.next_deadline(), None);
     }
@@ -450,7 +477,10 @@ mod tests {
         ));
         let mut bad = bytes.clone();
         bad[4] = 2;
-        assert!(matches!(Schedule::decode(&bad, 2), Err(InjectError::Stream(_))));
+        assert!(matches!(
+            Schedule::decode(&bad, 2),
+            Err(InjectError::Stream(_))
+        ));
     }
 
     #[test]
@@ -462,7 +492,10 @@ mod tests {
             s.due(35),
             vec![
                 Action::Hold { cpu: 0 },
-                Action::Release { cpu: 0, steal_ns: 5 },
+                Action::Release {
+                    cpu: 0,
+                    steal_ns: 5
+                },
                 Action::Hold { cpu: 0 }
             ]
         );

@@ -289,7 +289,13 @@ impl Vm {
         for action in actions {
             let (Action::Hold { cpu } | Action::Release { cpu, .. } | Action::Steal { cpu, .. }) =
                 action;
-            let vcpu = self.shared.vcpus.read().get(cpu as usize).cloned().flatten();
+            let vcpu = self
+                .shared
+                .vcpus
+                .read()
+                .get(cpu as usize)
+                .cloned()
+                .flatten();
             let Some(vcpu) = vcpu else {
                 eprintln!("rustkvm: inject-steal: vCPU {cpu} does not exist at VM time {now} ns: {action:?} dropped");
                 continue;
@@ -1361,13 +1367,8 @@ mod tests {
         )
     }
 
-    fn inj(cpu: u32, at_ns: u64, steal_ns: u64, window_ns: u64) -> Injection {
-        Injection {
-            cpu,
-            at_ns,
-            steal_ns,
-            window_ns,
-        }
+    fn inj(cpu: u32, at: u64, steal: u64, window: u64) -> Injection {
+        Injection::new(cpu, at, steal, window)
     }
 
     #[test]
@@ -1450,8 +1451,20 @@ mod tests {
         let arm = v0.arm().unwrap();
         arm.set_pvtime_base(BASE).unwrap();
         // PV_TIME_ST: the guest asks for its structure.
-        let regs = [u64::from(crate::arm::smccc::PV_TIME_ST), 0, 0, 0, 0, 0, 0, 0];
-        assert_eq!(arm.hvc_smc(false, regs), crate::Route::Handled([BASE, 0, 0, 0]));
+        let regs = [
+            u64::from(crate::arm::smccc::PV_TIME_ST),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        assert_eq!(
+            arm.hvc_smc(false, regs),
+            crate::Route::Handled([BASE, 0, 0, 0])
+        );
         let stolen = || {
             let mut b = [0u8; 8];
             assert!(ram.read(BASE + STOLEN_TIME, &mut b));
@@ -1518,7 +1531,8 @@ mod tests {
         let host = FakeSched::at(1_000_000);
         let vm = icount_vm(Arch::X86_64, 2, &ram, &host);
         let v0 = vm.create_vcpu(0).unwrap();
-        vm.inject_add(&[inj(0, 10, 5, 10), inj(1, 10, 5, 0)]).unwrap();
+        vm.inject_add(&[inj(0, 10, 5, 10), inj(1, 10, 5, 0)])
+            .unwrap();
         let writes = ram.writes_since(0).len();
         clock.store(10, Ordering::SeqCst);
         vm.inject_fire();
