@@ -317,6 +317,11 @@ uint32_t rustkvm_x86_cpuid_default_off(uint32_t leaf, uint32_t subleaf,
 #define RUSTKVM_ACTIVE_MEM 2u
 /** A counter counts exceptions taken (EXC_TAKEN). */
 #define RUSTKVM_ACTIVE_EXC 4u
+/**
+ * x86: the vCPU records taken branches in its LBR (IA32_DEBUGCTL.LBR):
+ * blocks report each taken branch with rustkvm_x86_lbr_branch().
+ */
+#define RUSTKVM_ACTIVE_LBR 8u
 
 /**
  * Per-vCPU counting state shared by QEMU's generated code and Rust (it
@@ -379,6 +384,43 @@ typedef struct RustkvmCounting {
 #define RUSTKVM_PMU_PERFCTR_CORE 0x200u
 /** ... and PerfMonV2 (CPUID 0x80000022 EAX[0]). */
 #define RUSTKVM_PMU_PERFMON_V2 0x400u
+/**
+ * Or'ed to RUSTKVM_PMU_INTEL | RUSTKVM_PMU_FULL_WIDTH: the vCPU has legacy
+ * LBR (PERF_CAPABILITIES.LBR_FMT 5, 32 records), as KVM offers it on an
+ * Ice Lake host (-cpu ...,lbr-fmt=0 turns it off).
+ */
+#define RUSTKVM_PMU_LBR 0x800u
+
+/* rustkvm_x86_lbr_branch() `kind`: what LBR_SELECT filters (lbr.c LBR_*). */
+/** Jcc, LOOP, LOOPcc, JCXZ taken. */
+#define RUSTKVM_LBR_JCC 1u
+/** CALL rel. */
+#define RUSTKVM_LBR_NEAR_REL_CALL 2u
+/** CALL r/m. */
+#define RUSTKVM_LBR_NEAR_IND_CALL 3u
+/** RET. */
+#define RUSTKVM_LBR_NEAR_RET 4u
+/** JMP r/m. */
+#define RUSTKVM_LBR_NEAR_IND_JMP 5u
+/** JMP rel. */
+#define RUSTKVM_LBR_NEAR_REL_JMP 6u
+/**
+ * Far CALL/JMP/RET, IRET, SYSCALL/SYSRET, SYSENTER/SYSEXIT, and interrupts
+ * and exceptions delivered.
+ */
+#define RUSTKVM_LBR_FAR 7u
+/** Records in the LBR stack. */
+#define RUSTKVM_LBR_DEPTH 32
+/** PERF_CAPABILITIES.LBR_FMT of that LBR (LBR_FORMAT_INFO). */
+#define RUSTKVM_LBR_FORMAT 5u
+
+/**
+ * A taken branch from linear address `from` to `to`, ending at CPL `cpl`
+ * (vCPU thread, while RUSTKVM_ACTIVE_LBR is set): recorded if LBR_SELECT
+ * selects it.
+ */
+void rustkvm_x86_lbr_branch(RustkvmVcpu *vcpu, uint64_t from, uint64_t to,
+                            uint32_t kind, uint32_t cpl);
 
 /**
  * The PMI budget ran out with the block that was just entered, or the
@@ -428,6 +470,21 @@ int64_t rustkvm_x86_tsc_deadline_ns(RustkvmVcpu *vcpu);
 bool rustkvm_x86_tsc_deadline_fire(RustkvmVcpu *vcpu);
 
 /* x86 state QEMU saves (savevm/loadvm, migration). */
+/** The LBR registers (legacy LBR; all 0 without it). */
+typedef struct RustkvmLbrRegs {
+    /** IA32_DEBUGCTL. */
+    uint64_t debugctl;
+    /** MSR_LBR_SELECT. */
+    uint64_t select;
+    /** MSR_LBR_TOS. */
+    uint64_t tos;
+    /** MSR_LBR_NHM_FROM + i. */
+    uint64_t from[RUSTKVM_LBR_DEPTH];
+    /** MSR_LBR_NHM_TO + i. */
+    uint64_t to[RUSTKVM_LBR_DEPTH];
+    /** MSR_LBR_INFO_0 + i. */
+    uint64_t info[RUSTKVM_LBR_DEPTH];
+} RustkvmLbrRegs;
 /** x86 MSR values Rust owns that have a home in QEMU's CPUX86State. */
 typedef struct RustkvmX86Msrs {
     /** MSR_KVM_STEAL_TIME (CPUX86State::steal_time_msr). */
@@ -464,6 +521,8 @@ typedef struct RustkvmX86Msrs {
      * (CPUX86State::rustkvm_pv_eoi_state).
      */
     uint8_t pv_eoi_state;
+    /** LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr). */
+    RustkvmLbrRegs lbr;
 } RustkvmX86Msrs;
 /** Copy the MSRs out, before QEMU saves the vCPU. */
 void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);

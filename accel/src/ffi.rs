@@ -17,6 +17,7 @@ use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
 use crate::vcpu::{CountingPtr, ResetKind, Route, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
+use crate::x86::lbr::LbrRegs;
 use crate::x86::pmu::{Counting, PmuRegs};
 use crate::x86::vcpu::{SavedMsrs, X86};
 
@@ -774,6 +775,14 @@ pub unsafe extern "C" fn rustkvm_x86_save_msrs(
             pmu_evtsel: m.pmu.evtsel,
             pv_eoi: m.pv_eoi,
             pv_eoi_state: m.pv_eoi_state,
+            lbr: header::RustkvmLbrRegs {
+                debugctl: m.lbr.debugctl,
+                select: m.lbr.select,
+                tos: m.lbr.tos,
+                from: m.lbr.from,
+                to: m.lbr.to,
+                info: m.lbr.info,
+            },
         };
     }
 }
@@ -812,6 +821,14 @@ fn saved_msrs(m: &header::RustkvmX86Msrs) -> SavedMsrs {
             fixed: m.pmu_fixed,
             gp: m.pmu_gp,
             evtsel: m.pmu_evtsel,
+        },
+        lbr: LbrRegs {
+            debugctl: m.lbr.debugctl,
+            select: m.lbr.select,
+            tos: m.lbr.tos,
+            from: m.lbr.from,
+            to: m.lbr.to,
+            info: m.lbr.info,
         },
     }
 }
@@ -997,7 +1014,42 @@ const _: () = {
     assert!(header::RUSTKVM_PMU_AMD == crate::x86::vcpu::PMU_AMD);
     assert!(header::RUSTKVM_PMU_PERFCTR_CORE == crate::x86::vcpu::PMU_PERFCTR_CORE);
     assert!(header::RUSTKVM_PMU_PERFMON_V2 == crate::x86::vcpu::PMU_PERFMON_V2);
+    assert!(header::RUSTKVM_PMU_LBR == crate::x86::vcpu::PMU_LBR);
+    assert!(header::RUSTKVM_ACTIVE_RETIRED == crate::x86::pmu::ACTIVE_RETIRED);
+    assert!(header::RUSTKVM_ACTIVE_LBR == crate::x86::pmu::ACTIVE_LBR);
 };
+
+// The branch kinds QEMU reports are the model's, and so is the depth.
+const _: () = {
+    use crate::x86::lbr::{BranchKind, DEPTH};
+    assert!(header::RUSTKVM_LBR_JCC == BranchKind::Jcc as u32);
+    assert!(header::RUSTKVM_LBR_NEAR_REL_CALL == BranchKind::NearRelCall as u32);
+    assert!(header::RUSTKVM_LBR_NEAR_IND_CALL == BranchKind::NearIndCall as u32);
+    assert!(header::RUSTKVM_LBR_NEAR_RET == BranchKind::NearRet as u32);
+    assert!(header::RUSTKVM_LBR_NEAR_IND_JMP == BranchKind::NearIndJmp as u32);
+    assert!(header::RUSTKVM_LBR_NEAR_REL_JMP == BranchKind::NearRelJmp as u32);
+    assert!(header::RUSTKVM_LBR_FAR == BranchKind::Far as u32);
+    assert!(header::RUSTKVM_LBR_DEPTH as usize == DEPTH);
+    assert!(header::RUSTKVM_LBR_FORMAT as u64 == crate::x86::lbr::LBR_FORMAT_INFO);
+};
+
+/// A taken branch while LBR records (vCPU thread).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_lbr_branch(
+    vcpu: *mut RustkvmVcpu,
+    from: u64,
+    to: u64,
+    kind: u32,
+    cpl: u32,
+) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { x86_ref(vcpu) } {
+        v.lbr_branch(from, to, kind, cpl);
+    }
+}
 
 /// The PMI budget ran out (vCPU thread).
 ///
@@ -1539,6 +1591,14 @@ mod tests {
                 pmu_evtsel: [0; 8],
                 pv_eoi: 0,
                 pv_eoi_state: 0,
+                lbr: header::RustkvmLbrRegs {
+                    debugctl: 0,
+                    select: 0,
+                    tos: 0,
+                    from: [0; 32],
+                    to: [0; 32],
+                    info: [0; 32],
+                },
             };
             let mut msrs = header::RustkvmX86Msrs {
                 steal_time: 7,

@@ -35,12 +35,23 @@ pub const RUSTKVM_EV_COUNT: i32 = 12;
 pub const RUSTKVM_ACTIVE_RETIRED: u32 = 1;
 pub const RUSTKVM_ACTIVE_MEM: u32 = 2;
 pub const RUSTKVM_ACTIVE_EXC: u32 = 4;
+pub const RUSTKVM_ACTIVE_LBR: u32 = 8;
 pub const RUSTKVM_PMU_NONE: u32 = 0;
 pub const RUSTKVM_PMU_INTEL: u32 = 1;
 pub const RUSTKVM_PMU_AMD: u32 = 2;
 pub const RUSTKVM_PMU_FULL_WIDTH: u32 = 256;
 pub const RUSTKVM_PMU_PERFCTR_CORE: u32 = 512;
 pub const RUSTKVM_PMU_PERFMON_V2: u32 = 1024;
+pub const RUSTKVM_PMU_LBR: u32 = 2048;
+pub const RUSTKVM_LBR_JCC: u32 = 1;
+pub const RUSTKVM_LBR_NEAR_REL_CALL: u32 = 2;
+pub const RUSTKVM_LBR_NEAR_IND_CALL: u32 = 3;
+pub const RUSTKVM_LBR_NEAR_RET: u32 = 4;
+pub const RUSTKVM_LBR_NEAR_IND_JMP: u32 = 5;
+pub const RUSTKVM_LBR_NEAR_REL_JMP: u32 = 6;
+pub const RUSTKVM_LBR_FAR: u32 = 7;
+pub const RUSTKVM_LBR_DEPTH: u32 = 32;
+pub const RUSTKVM_LBR_FORMAT: u32 = 5;
 pub const RUSTKVM_HC_NONE: u32 = 0;
 pub const RUSTKVM_HC_YIELD: u32 = 1;
 pub const RUSTKVM_HC_KICK: u32 = 2;
@@ -335,6 +346,10 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmCounting, cycles_deadline_ns) - 136usize];
 };
 unsafe extern "C" {
+    #[doc = " A taken branch from linear address `from` to `to`, ending at CPL `cpl`\n (vCPU thread, while RUSTKVM_ACTIVE_LBR is set): recorded if LBR_SELECT\n selects it."]
+    pub fn rustkvm_x86_lbr_branch(vcpu: *mut RustkvmVcpu, from: u64, to: u64, kind: u32, cpl: u32);
+}
+unsafe extern "C" {
     #[doc = " The PMI budget ran out with the block that was just entered, or the\n cycles deadline passed (between blocks): sync the counters (as if the\n whole block retired), set `pmi` if one is due, and compute the next\n budget and deadline. The caller has already split blocks so that an\n instruction or branch overflow is at the block's last instruction."]
     pub fn rustkvm_x86_pmu_due(vcpu: *mut RustkvmVcpu);
 }
@@ -368,6 +383,39 @@ unsafe extern "C" {
     #[doc = " The APIC timer went off in TSC-deadline mode: true if the deadline was\n reached (it is disarmed; deliver the LVT timer interrupt). Any thread."]
     pub fn rustkvm_x86_tsc_deadline_fire(vcpu: *mut RustkvmVcpu) -> bool;
 }
+#[doc = " The LBR registers (legacy LBR; all 0 without it)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct RustkvmLbrRegs {
+    #[doc = " IA32_DEBUGCTL."]
+    pub debugctl: u64,
+    #[doc = " MSR_LBR_SELECT."]
+    pub select: u64,
+    #[doc = " MSR_LBR_TOS."]
+    pub tos: u64,
+    #[doc = " MSR_LBR_NHM_FROM + i."]
+    pub from: [u64; 32usize],
+    #[doc = " MSR_LBR_NHM_TO + i."]
+    pub to: [u64; 32usize],
+    #[doc = " MSR_LBR_INFO_0 + i."]
+    pub info: [u64; 32usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of RustkvmLbrRegs"][::core::mem::size_of::<RustkvmLbrRegs>() - 792usize];
+    ["Alignment of RustkvmLbrRegs"][::core::mem::align_of::<RustkvmLbrRegs>() - 8usize];
+    ["Offset of field: RustkvmLbrRegs::debugctl"]
+        [::core::mem::offset_of!(RustkvmLbrRegs, debugctl) - 0usize];
+    ["Offset of field: RustkvmLbrRegs::select"]
+        [::core::mem::offset_of!(RustkvmLbrRegs, select) - 8usize];
+    ["Offset of field: RustkvmLbrRegs::tos"]
+        [::core::mem::offset_of!(RustkvmLbrRegs, tos) - 16usize];
+    ["Offset of field: RustkvmLbrRegs::from"]
+        [::core::mem::offset_of!(RustkvmLbrRegs, from) - 24usize];
+    ["Offset of field: RustkvmLbrRegs::to"][::core::mem::offset_of!(RustkvmLbrRegs, to) - 280usize];
+    ["Offset of field: RustkvmLbrRegs::info"]
+        [::core::mem::offset_of!(RustkvmLbrRegs, info) - 536usize];
+};
 #[doc = " x86 MSR values Rust owns that have a home in QEMU's CPUX86State."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -402,10 +450,12 @@ pub struct RustkvmX86Msrs {
     pub pv_eoi: u64,
     #[doc = " The PV EOI protocol: 0 idle, 1 the guest's bit set by the host, 2 an\n EOI the guest made in memory still owed to the APIC\n (CPUX86State::rustkvm_pv_eoi_state)."]
     pub pv_eoi_state: u8,
+    #[doc = " LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr)."]
+    pub lbr: RustkvmLbrRegs,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 248usize];
+    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 1040usize];
     ["Alignment of RustkvmX86Msrs"][::core::mem::align_of::<RustkvmX86Msrs>() - 8usize];
     ["Offset of field: RustkvmX86Msrs::steal_time"]
         [::core::mem::offset_of!(RustkvmX86Msrs, steal_time) - 0usize];
@@ -436,6 +486,8 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmX86Msrs, pv_eoi) - 232usize];
     ["Offset of field: RustkvmX86Msrs::pv_eoi_state"]
         [::core::mem::offset_of!(RustkvmX86Msrs, pv_eoi_state) - 240usize];
+    ["Offset of field: RustkvmX86Msrs::lbr"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, lbr) - 248usize];
 };
 unsafe extern "C" {
     #[doc = " Copy the MSRs out, before QEMU saves the vCPU."]

@@ -21,7 +21,8 @@
 //! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
 //!   that is migrated half-way);
 //! - `needs`: host features the `kvm` backend must have, comma-separated:
-//!   `pmu` (a vPMU), `pv-eoi` (a KVM that arms PV EOI: no APICv/AVIC);
+//!   `pmu` (a vPMU), `pv-eoi` (a KVM that arms PV EOI: no APICv/AVIC),
+//!   `lbr` (a host LBR that KVM passes on: legacy, not Arch LBR);
 //!   without them the `kvm` run is SKIP with the reason.
 //!
 //! and, for what the project's kvm_pvm hosts measurably cannot do (see
@@ -159,7 +160,7 @@ pub struct GuestTest {
     pub compare: bool,
     /// Whether the runner's matrix boots it.
     pub matrix: bool,
-    /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`).
+    /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`, `lbr`).
     pub needs: Vec<String>,
     /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
     pub kvm_pvm_skip: Option<String>,
@@ -265,8 +266,8 @@ impl GuestTest {
                     "machine" => test.machine = Some(value.to_string()),
                     "needs" => {
                         for n in value.split(',') {
-                            if !matches!(n, "pmu" | "pv-eoi") {
-                                return Err(bad(format!("needs={n}: known: pmu, pv-eoi")));
+                            if !matches!(n, "pmu" | "pv-eoi" | "lbr") {
+                                return Err(bad(format!("needs={n}: known: pmu, pv-eoi, lbr")));
                             }
                             test.needs.push(n.to_string());
                         }

@@ -43,6 +43,26 @@ pub fn kvm_no_pmu() -> Option<String> {
     matches!(v.trim(), "N" | "0").then(|| "host KVM has no vPMU (kvm.enable_pmu=N)".to_string())
 }
 
+/// Why the host KVM offers a guest no legacy LBR, if it does not: KVM
+/// passes the host's LBR through (`vmx_get_perf_capabilities`), so the host's
+/// perf must have one (its depth in `cpu/caps/branches`), and not Arch LBR,
+/// with which KVM offers none.
+pub fn kvm_no_lbr() -> Option<String> {
+    let depth = std::fs::read_to_string("/sys/bus/event_source/devices/cpu/caps/branches")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let arch_lbr = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "arch_lbr"));
+    if depth == 0 {
+        Some("the host has no LBR for KVM to offer (no perf cpu/caps/branches)".to_string())
+    } else if arch_lbr {
+        Some("the host has Arch LBR, with which KVM offers no LBR".to_string())
+    } else {
+        None
+    }
+}
+
 /// Why the host KVM never arms PV EOI, if it does not: with APICv (Intel)
 /// or AVIC (AMD) on, KVM keeps `irr_pending` set and its in-service cache
 /// invalid, so `apic_sync_pv_eoi_to_guest` never sets the guest's bit

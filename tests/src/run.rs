@@ -337,6 +337,11 @@ pub fn kvm_skip(test: &GuestTest, arch: Arch) -> Option<String> {
             return Some(why);
         }
     }
+    if test.needs.iter().any(|n| n == "lbr") {
+        if let Some(why) = host::kvm_no_lbr() {
+            return Some(why);
+        }
+    }
     if test.needs.iter().any(|n| n == "pv-eoi") {
         if let Some(why) = host::kvm_apicv() {
             return Some(why);

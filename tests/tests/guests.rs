@@ -2162,3 +2162,50 @@ fn a_reboot_forgets_what_the_guest_registered() {
         );
     }
 }
+
+/// LBR's switch (docs/pmu.md "LBR"): an Intel `pmu=on` vCPU with PDCM has
+/// it, `lbr-fmt=0` takes it away (the guest finds no LBR_FMT and skips),
+/// an AMD one has none; any other `lbr-fmt` than 0x5 is refused with the
+/// reason, and so is LBR without `pmu=on`, as QEMU refuses it under KVM.
+#[test]
+fn x86_lbr_comes_with_the_intel_pmu_and_lbr_fmt_switches_it() {
+    let _serial = serial();
+    let t = &find_test("x86-lbr");
+    let with = |cpu: &str| {
+        let opts = run::RunOptions {
+            qemu_args: vec!["-cpu".to_string(), cpu.to_string()],
+            ..Default::default()
+        };
+        run::run_with(t, Arch::X86_64, Variant::Default, Backend::Rustkvm, &opts).expect("ran")
+    };
+    let r = with("max,vendor=GenuineIntel,pmu=on,lbr-fmt=0x5");
+    assert_pass(&r, "lbr-fmt=0x5");
+    assert_eq!(measure(&r, "lbr-fmt"), "5");
+    for cpu in ["max,vendor=GenuineIntel,pmu=on,lbr-fmt=0", "max,pmu=on"] {
+        let r = with(cpu);
+        assert!(
+            matches!(&r.outcome.status, Status::Skip(w) if w.contains("LBR_FMT")),
+            "{cpu}: {:?}\n{}",
+            r.outcome.status,
+            r.outcome.serial
+        );
+    }
+    for (cpu, says) in [
+        (
+            "max,vendor=GenuineIntel,pmu=on,lbr-fmt=0x3",
+            "lbr-fmt=0x3 is not the LBR format it offers (0x5)",
+        ),
+        (
+            "max,vendor=GenuineIntel,pmu=off,lbr-fmt=0x5",
+            "LBR is unsupported without pmu=on",
+        ),
+    ] {
+        let r = with(cpu);
+        assert!(
+            matches!(r.outcome.status, Status::Fail(_)) && r.outcome.stderr.contains(says),
+            "{cpu}: {:?}\n{}",
+            r.outcome.status,
+            r.outcome.stderr
+        );
+    }
+}

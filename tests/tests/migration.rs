@@ -105,7 +105,8 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
     // when the destination sends a byte) and checks it on both sides:
     // steal time, kvmclock with the TSC and TSC_ADJUST, an armed
     // TSC-deadline timer, the x86 PMU's counters with a PMI pending, an
-    // EOI made in memory (PV EOI) the APIC has not taken yet, the arm64
+    // EOI made in memory (PV EOI) the APIC has not taken yet, LBR records
+    // with recording on across the move, the arm64
     // PMU, PV time.
     for (arch, name, variant) in [
         (Arch::X86_64, "x86-steal-migrate", Variant::Default),
@@ -113,6 +114,7 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
         (Arch::X86_64, "x86-tsc-deadline-migrate", Variant::Default),
         (Arch::X86_64, "x86-pmu-migrate", Variant::Default),
         (Arch::X86_64, "x86-pv-eoi-migrate", Variant::Default),
+        (Arch::X86_64, "x86-lbr-migrate", Variant::Default),
         (Arch::Aarch64, "arm-pmu-migrate", Variant::Default),
         // Under -icount: each of its windows surely holds the other
         // vCPU's turns, however the host schedules QEMU.

@@ -15,8 +15,9 @@
 //!
 //! The records are exact: every taken branch the filter selects, in order,
 //! with its true source and target (the engine reports each at the block
-//! exit that takes it). This module is the model alone: the vCPU does not
-//! route DEBUGCTL or the LBR MSRs to it yet (issue 21).
+//! exit that takes it, `rustkvm_x86_lbr_branch`). The vCPU routes
+//! DEBUGCTL and the LBR MSRs here when it has KVM's Intel PMU
+//! (`X86::rdmsr`); other vCPUs keep TCG's answers for them.
 
 use crate::x86::X86Error;
 
@@ -32,6 +33,14 @@ pub const MSR_LBR_NHM_FROM: u32 = 0x680;
 pub const MSR_LBR_NHM_TO: u32 = 0x6c0;
 /// MSR_LBR_INFO_0: record 0's information (format 5).
 pub const MSR_LBR_INFO_0: u32 = 0xdc0;
+/// MSR_LBR_CORE_FROM: Core 2's stack (8 records at most, then MSR_LBR_CORE_TO
+/// at 0x60); not this model's addresses: KVM #GPs them (kvm-unit-tests'
+/// `pmu_lbr` probes 0x40 first), and TCG would take them.
+pub const MSR_LBR_CORE_FROM: u32 = 0x40;
+/// MSR_LBR_CORE_TO.
+pub const MSR_LBR_CORE_TO: u32 = 0x60;
+/// Core 2's deepest stack (0x48 is IA32_SPEC_CTRL).
+const CORE_DEPTH: u32 = 8;
 /// MSR_IA32_LASTBRANCHFROMIP .. MSR_IA32_LASTINTTOIP: KVM reads them as 0
 /// (`kvm_get_msr_common`).
 pub const MSR_IA32_LASTBRANCH_FIRST: u32 = 0x1db;
@@ -87,27 +96,45 @@ pub mod info {
     pub const MISPRED: u64 = 1 << 63;
 }
 
-/// What kind of branch was taken (the classes LBR_SELECT filters).
+/// What kind of branch was taken (the classes LBR_SELECT filters); the
+/// values are QEMU's `RUSTKVM_LBR_*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum BranchKind {
     /// A taken conditional jump (Jcc, LOOP, JCXZ).
-    Jcc,
+    Jcc = 1,
     /// CALL rel.
-    NearRelCall,
+    NearRelCall = 2,
     /// CALL r/m.
-    NearIndCall,
+    NearIndCall = 3,
     /// RET.
-    NearRet,
+    NearRet = 4,
     /// JMP r/m.
-    NearIndJmp,
+    NearIndJmp = 5,
     /// JMP rel.
-    NearRelJmp,
+    NearRelJmp = 6,
     /// Far transfers: far CALL/JMP/RET, IRET, SYSCALL/SYSRET, interrupts and
     /// exceptions.
-    Far,
+    Far = 7,
 }
 
 impl BranchKind {
+    /// The kind QEMU reports (`RUSTKVM_LBR_*` in rustkvm.h); None for a
+    /// number it never sends.
+    pub fn from_abi(kind: u32) -> Option<Self> {
+        [
+            BranchKind::Jcc,
+            BranchKind::NearRelCall,
+            BranchKind::NearIndCall,
+            BranchKind::NearRet,
+            BranchKind::NearIndJmp,
+            BranchKind::NearRelJmp,
+            BranchKind::Far,
+        ]
+        .into_iter()
+        .find(|k| *k as u32 == kind)
+    }
+
     /// The LBR_SELECT bit that suppresses this kind.
     fn suppress_bit(self) -> u64 {
         match self {
@@ -131,7 +158,8 @@ pub struct Branch {
     pub to: u64,
     /// Its kind.
     pub kind: BranchKind,
-    /// The CPL it was taken at.
+    /// The CPL the branch ends at: LBR_SELECT's CPL bits filter "branches
+    /// ending in ring 0" and "ending in ring > 0" (SDM vol. 3B 18.9.1).
     pub cpl: u8,
 }
 
@@ -166,6 +194,7 @@ pub struct Lbr {
 enum Reg {
     Debugctl,
     LegacyZero,
+    Core,
     Select,
     Tos,
     From(usize),
@@ -183,6 +212,11 @@ impl Reg {
         Some(match index {
             MSR_IA32_DEBUGCTLMSR => Reg::Debugctl,
             MSR_IA32_LASTBRANCH_FIRST..=MSR_IA32_LASTBRANCH_LAST => Reg::LegacyZero,
+            i if (MSR_LBR_CORE_FROM..MSR_LBR_CORE_FROM + CORE_DEPTH).contains(&i)
+                || (MSR_LBR_CORE_TO..MSR_LBR_CORE_TO + CORE_DEPTH).contains(&i) =>
+            {
+                Reg::Core
+            }
             MSR_LBR_SELECT => Reg::Select,
             MSR_LBR_TOS => Reg::Tos,
             i => {
@@ -215,7 +249,8 @@ impl Lbr {
     }
 
     /// Whether `index` is an MSR this model answers: IA32_DEBUGCTL, the
-    /// legacy last-branch MSRs KVM reads as 0, and the LBR stack's MSRs.
+    /// legacy last-branch MSRs KVM reads as 0, the LBR stack's MSRs, and
+    /// Core 2's stack, which #GPs.
     pub fn owns(index: u32) -> bool {
         Reg::of(index).is_some()
     }
@@ -236,6 +271,7 @@ impl Lbr {
         match Reg::of(index) {
             Some(Reg::Debugctl) => Ok(r.debugctl),
             Some(Reg::LegacyZero) => Ok(0),
+            Some(Reg::Core) => Err(X86Error::Unsupported { msr: index }),
             Some(_) if !self.enabled => Err(X86Error::Unsupported { msr: index }),
             Some(Reg::Select) => Ok(r.select),
             Some(Reg::Tos) => Ok(r.tos),
@@ -263,7 +299,7 @@ impl Lbr {
                 r.debugctl = value & supported;
                 Ok(())
             }
-            Reg::LegacyZero => Err(X86Error::Unsupported { msr: index }),
+            Reg::LegacyZero | Reg::Core => Err(X86Error::Unsupported { msr: index }),
             _ if !self.enabled => Err(X86Error::Unsupported { msr: index }),
             Reg::Select => {
                 r.select = value & select::MASK;
@@ -420,9 +456,14 @@ mod tests {
     #[test]
     fn the_stack_is_32_deep_at_kvms_addresses_and_the_core_ones_fault() {
         let mut l = Lbr::new(true);
-        // pmu_lbr.c's probe: the CORE addresses must #GP on this model.
-        assert!(l.write_msr(0x40, 0).is_err());
-        assert!(l.write_msr(0x60, 0).is_err());
+        // pmu_lbr.c's probe: the CORE addresses must #GP on this model
+        // (and are this model's, so that TCG does not take them).
+        for msr in [0x40, 0x47, 0x60, 0x67] {
+            assert!(Lbr::owns(msr), "{msr:#x}");
+            assert!(l.write_msr(msr, 0).is_err(), "{msr:#x}");
+            assert!(l.read_msr(msr).is_err(), "{msr:#x}");
+        }
+        assert!(!Lbr::owns(0x48), "IA32_SPEC_CTRL is not the LBR's");
         for i in 0..DEPTH as u32 {
             assert_eq!(l.write_msr(MSR_LBR_NHM_FROM + i, 0), Ok(()));
             assert_eq!(l.write_msr(MSR_LBR_NHM_TO + i, 0), Ok(()));

@@ -72,4 +72,6 @@ pub struct SavedMsrs {
     pub pv_eoi_state: u8,
     /// The PMU's registers.
     pub pmu: pmu::PmuRegs,
+    /// The LBR registers.
+    pub lbr: lbr::LbrRegs,
 }

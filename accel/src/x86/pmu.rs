@@ -58,6 +58,8 @@ pub const GLOBAL_OVF_BUF: u64 = 1 << 62;
 pub const GLOBAL_COND_CHGD: u64 = 1 << 63;
 /// PERF_CAPABILITIES.FW_WRITE.
 pub const PERF_CAP_FW_WRITES: u64 = 1 << 13;
+/// PERF_CAPABILITIES[5:0] LBR_FMT (SDM vol. 3B 18.4.8.1, `PERF_CAP_LBR_FMT`).
+pub const PERF_CAP_LBR_FMT: u64 = 0x3f;
 
 /// AMD MSR_K7_EVNTSEL0: legacy event selects, 0xC0010000 + i (i < 4).
 pub const MSR_K7_EVNTSEL0: u32 = 0xc001_0000;
@@ -265,8 +267,8 @@ pub struct Counting {
     pub tb_stores: u32,
     /// Padding.
     pub reserved: u32,
-    /// Nonzero while a counter counts instructions or branches: the
-    /// engine then translates counting blocks.
+    /// What blocks do ([`ACTIVE_RETIRED`], [`ACTIVE_LBR`]): the engine
+    /// translates blocks that count, or report taken branches, only then.
     pub active: u32,
     /// Nonzero when a PMI is due (the engine delivers it and clears this).
     pub pmi: u32,
@@ -274,6 +276,13 @@ pub struct Counting {
     /// the engine arms a timer that calls back then.
     pub cycles_deadline_ns: i64,
 }
+
+/// [`Counting::active`]: blocks count instructions and branches
+/// (`RUSTKVM_ACTIVE_RETIRED`).
+pub const ACTIVE_RETIRED: u32 = 1;
+/// [`Counting::active`]: blocks report taken branches to the LBR
+/// (`RUSTKVM_ACTIVE_LBR`).
+pub const ACTIVE_LBR: u32 = 8;
 
 impl Default for Counting {
     fn default() -> Self {
@@ -306,15 +315,32 @@ impl Counting {
     }
 
     /// Tell the engine what `pmu` needs after it changed or synced with
-    /// `ev`: whether blocks must count, the next PMI budget, and a PMI if
-    /// `pmi` (counters that overflowed with their PMI enabled) is not 0.
-    pub fn publish(&mut self, pmu: &Pmu, ev: &Events, pmi: u64) {
-        self.active = u32::from(pmu.counts_retired());
+    /// `ev`: whether blocks must count and report taken branches
+    /// (`lbr_recording`), the next PMI budget, and a PMI if `pmi` (counters
+    /// that overflowed with their PMI enabled) is not 0.
+    pub fn publish(&mut self, pmu: &Pmu, ev: &Events, pmi: u64, lbr_recording: bool) {
+        self.active = if pmu.counts_retired() {
+            ACTIVE_RETIRED
+        } else {
+            0
+        } | if lbr_recording { ACTIVE_LBR } else { 0 };
         self.budget = pmu
             .until_overflow(ev)
             .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
         if pmi != 0 {
             self.pmi = 1;
+        }
+    }
+}
+
+impl Counting {
+    /// Whether blocks report taken branches ([`ACTIVE_LBR`]), leaving the
+    /// rest as [`Counting::publish`] set it.
+    pub fn set_lbr_recording(&mut self, on: bool) {
+        if on {
+            self.active |= ACTIVE_LBR;
+        } else {
+            self.active &= !ACTIVE_LBR;
         }
     }
 }
@@ -363,6 +389,9 @@ pub struct PmuConfig {
     pub full_width_writes: bool,
     /// AMD: PerfCtrExtCore (CPUID 0x80000001 ECX bit 23), the 0xC0010200 MSRs.
     pub perfctr_core: bool,
+    /// Intel with PERF_CAPABILITIES: its LBR_FMT, 0 (no LBR) or
+    /// [`crate::x86::lbr::LBR_FORMAT_INFO`] (the vCPU's LBR).
+    pub lbr_format: u8,
 }
 
 impl PmuConfig {
@@ -373,6 +402,7 @@ impl PmuConfig {
         gp: 0,
         full_width_writes: false,
         perfctr_core: false,
+        lbr_format: 0,
     };
     /// KVM's default Intel PMU: version 2, 4 GP counters, full-width writes.
     pub const DEFAULT: PmuConfig = PmuConfig {
@@ -381,6 +411,7 @@ impl PmuConfig {
         gp: 4,
         full_width_writes: true,
         perfctr_core: false,
+        lbr_format: 0,
     };
 
     /// KVM's AMD PMU for a CPU with PerfCtrExtCore (`perfctr_core`) and
@@ -399,6 +430,7 @@ impl PmuConfig {
             gp: gp.min(MAX_AMD_GP as u8),
             full_width_writes: false,
             perfctr_core,
+            lbr_format: 0,
         }
     }
 
@@ -896,12 +928,9 @@ impl Pmu {
             MSR_CORE_PERF_GLOBAL_STATUS => s.global_status | self.pending_status(ev),
             MSR_CORE_PERF_GLOBAL_CTRL => s.global_ctrl,
             MSR_CORE_PERF_GLOBAL_OVF_CTRL => 0,
+            // (Only with PDCM, which `full_width_writes` stands for.)
             MSR_IA32_PERF_CAPABILITIES => {
-                if self.config.full_width_writes {
-                    PERF_CAP_FW_WRITES
-                } else {
-                    0
-                }
+                PERF_CAP_FW_WRITES | u64::from(self.config.lbr_format) & PERF_CAP_LBR_FMT
             }
             i => s.evtsel[(i - MSR_IA32_PERFEVTSEL0) as usize],
         })
@@ -1378,7 +1407,7 @@ mod tests {
         let mut p = Pmu::new(PmuConfig::TCG);
         let mut c = Counting::default();
         let e = c.events(0);
-        c.publish(&p, &e, 0);
+        c.publish(&p, &e, 0, false);
         assert_eq!(
             (c.active, c.budget, c.pmi),
             (0, i64::MAX, 0),
@@ -1387,7 +1416,7 @@ mod tests {
         // A cycles counter needs no counting blocks.
         p.write_msr(0x186, evtsel::EN | evtsel::OS | 0x3c, &e)
             .unwrap();
-        c.publish(&p, &e, 0);
+        c.publish(&p, &e, 0, false);
         assert_eq!(c.active, 0);
         // Branches with INT, 100 before the wrap: blocks count, the budget
         // is 100 instructions (a lower bound: every branch is one).
@@ -1395,13 +1424,13 @@ mod tests {
             .unwrap();
         p.write_msr(0xc2, (MASK + 1 - 100) as u32 as u64, &e)
             .unwrap();
-        c.publish(&p, &e, 0);
+        c.publish(&p, &e, 0, false);
         assert_eq!((c.active, c.budget), (1, 100));
         c.events = [0, 400, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0];
         let e = c.events(0);
         let pmi = p.sync(&e);
         assert_eq!(pmi, 2, "counter 1 wrapped with INT");
-        c.publish(&p, &e, pmi);
+        c.publish(&p, &e, pmi, false);
         assert_eq!(c.pmi, 1);
         assert_eq!(
             c.budget,

@@ -18,6 +18,7 @@ use crate::vcpu::{
 use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
 use crate::x86::hypercall;
+use crate::x86::lbr::{self, Branch, BranchKind, Lbr};
 use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
 use crate::x86::poll_control::{PollControl, MSR_KVM_POLL_CONTROL};
 use crate::x86::pv_eoi::{PvEoi, PvEoiState, MSR_KVM_PV_EOI_EN};
@@ -39,6 +40,8 @@ pub const PMU_FULL_WIDTH: u32 = 0x100;
 pub const PMU_PERFCTR_CORE: u32 = 0x200;
 /// AMD PerfMonV2 (CPUID 0x80000022 EAX bit 0).
 pub const PMU_PERFMON_V2: u32 = 0x400;
+/// Intel with PDCM: legacy LBR (PERF_CAPABILITIES.LBR_FMT 5, `x86::lbr`).
+pub const PMU_LBR: u32 = 0x800;
 
 /// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock,
 /// poll control, PV EOI.
@@ -59,6 +62,8 @@ pub(crate) struct X86State {
 pub(crate) struct X86Local {
     /// The PMU's registers.
     pmu: Pmu,
+    /// The last branch records (with KVM's Intel PMU; see [`X86Local::lbr_routed`]).
+    lbr: Lbr,
     /// Its unhalted cycles.
     unhalted: Unhalted,
     /// The counting engine's state in QEMU's CPU state (None: none).
@@ -79,6 +84,21 @@ impl PmuClock for X86Local {
 }
 
 impl X86Local {
+    /// Whether IA32_DEBUGCTL and the LBR MSRs are the LBR model's: with
+    /// KVM's Intel PMU (`vmx_set_msr`, `intel_pmu_is_valid_lbr_msr`),
+    /// whether or not it has LBR; other vCPUs keep TCG's answers.
+    fn lbr_routed(&self) -> bool {
+        self.pmu.config.version != 0 && self.pmu.config.vendor == pmu::Vendor::Intel
+    }
+
+    /// Tell the engine whether blocks must report taken branches.
+    fn publish_lbr(&mut self) {
+        let recording = self.lbr.recording();
+        if let Some(c) = self.counting() {
+            c.set_lbr_recording(recording);
+        }
+    }
+
     /// The counting engine's state, if QEMU gave it.
     fn counting(&mut self) -> Option<&mut Counting> {
         // SAFETY: `self` is borrowed from the vCPU's `LocalCell::with`, and
@@ -109,6 +129,9 @@ impl X86Local {
     fn publish(&mut self, shared: &Shared, ev: &Events, pmi: u64, routes: &RouteCounters) {
         if pmi != 0 {
             bump(&routes.pmi);
+            // KVM freezes LBR when it delivers the PMI
+            // (`intel_pmu_legacy_freezing_lbrs_on_pmi`).
+            self.lbr.on_pmi();
         }
         // A cycle counter's PMI: when its wrap is due at the earliest (if
         // the vCPU halts meanwhile, the engine calls back early and the
@@ -122,7 +145,7 @@ impl X86Local {
         // SAFETY: as in `counting` (a copy of the pointer, so that the PMU
         // can be borrowed alongside).
         if let Some(c) = self.counting.map(|p| unsafe { p.get() }) {
-            c.publish(&self.pmu, ev, pmi);
+            c.publish(&self.pmu, ev, pmi, self.lbr.recording());
             c.cycles_deadline_ns = deadline;
         }
     }
@@ -171,6 +194,8 @@ pub enum MsrOwner {
     PollControl,
     /// MSR_KVM_PV_EOI_EN.
     PvEoi,
+    /// IA32_DEBUGCTL and the LBR MSRs ([`Lbr::owns`]).
+    Lbr,
 }
 
 impl MsrOwner {
@@ -186,6 +211,7 @@ impl MsrOwner {
             clock::MSR_KVM_WALL_CLOCK | clock::MSR_KVM_WALL_CLOCK_NEW => MsrOwner::WallClock,
             MSR_KVM_POLL_CONTROL => MsrOwner::PollControl,
             MSR_KVM_PV_EOI_EN => MsrOwner::PvEoi,
+            i if Lbr::owns(i) => MsrOwner::Lbr,
             _ => return None,
         })
     }
@@ -356,6 +382,12 @@ impl<'a> X86<'a> {
             Err(r) => return r,
         };
         let shared = self.shared();
+        if owner == MsrOwner::Lbr {
+            return self.local(|l| match l.lbr_routed() {
+                false => Route::Unhandled,
+                true => l.lbr.read_msr(index).map_or(Route::Fault, Route::Handled),
+            });
+        }
         if owner == MsrOwner::Pmu {
             return self.local(|l| {
                 let ev = l.events(shared, l.pmu.counts_cycles());
@@ -378,6 +410,7 @@ impl<'a> X86<'a> {
             clock::MSR_KVM_SYSTEM_TIME | clock::MSR_KVM_SYSTEM_TIME_NEW => s.clock.system_time_msr,
             MSR_KVM_POLL_CONTROL => s.poll_control.msr(),
             MSR_KVM_PV_EOI_EN => s.pv_eoi.msr(),
+            // (MsrOwner::WallClock; the PMU and LBR returned above.)
             _ => shared.wall_clock_msr.load(Ordering::Relaxed),
         })
     }
@@ -391,6 +424,16 @@ impl<'a> X86<'a> {
         };
         let timer = match owner {
             MsrOwner::Pmu => return self.pmu_wrmsr(index, value),
+            MsrOwner::Lbr => {
+                return self.local(|l| {
+                    if !l.lbr_routed() {
+                        return Route::Unhandled;
+                    }
+                    let r = l.lbr.write_msr(index, value);
+                    l.publish_lbr();
+                    r.map_or(Route::Fault, Route::Handled)
+                })
+            }
             MsrOwner::StealTime => {
                 let mut s = self.x.lock();
                 if s.steal.write_msr(value).is_err() {
@@ -505,6 +548,23 @@ impl<'a> X86<'a> {
         }
     }
 
+    /// A taken branch a block reports while LBR records (`kind` from
+    /// rustkvm.h's `RUSTKVM_LBR_*`; another number is dropped).
+    pub fn lbr_branch(&self, from: u64, to: u64, kind: u32, cpl: u32) {
+        let Some(kind) = BranchKind::from_abi(kind) else {
+            return;
+        };
+        let cpl = cpl.min(3) as u8;
+        self.local(|l| {
+            l.lbr.record(Branch {
+                from,
+                to,
+                kind,
+                cpl,
+            })
+        });
+    }
+
     /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
     pub(crate) fn pmu_due(&self) {
         let (shared, routes) = (self.shared(), self.routes());
@@ -563,6 +623,12 @@ impl<'a> X86<'a> {
             PmuConfig {
                 gp: if n == 0 { PmuConfig::TCG.gp } else { n },
                 full_width_writes: pmu & PMU_FULL_WIDTH != 0,
+                // LBR_FMT is a PERF_CAPABILITIES field: only with PDCM.
+                lbr_format: if pmu & (PMU_FULL_WIDTH | PMU_LBR) == PMU_FULL_WIDTH | PMU_LBR {
+                    lbr::LBR_FORMAT_INFO as u8
+                } else {
+                    0
+                },
                 ..PmuConfig::TCG
             }
         } else if pmu & 0xff == PMU_AMD {
@@ -583,6 +649,7 @@ impl<'a> X86<'a> {
             }
             *l = X86Local {
                 pmu: Pmu::new(config),
+                lbr: Lbr::new(config.lbr_format != 0),
                 counting,
                 ..X86Local::default()
             };
@@ -645,6 +712,7 @@ impl<'a> X86<'a> {
                 let ev = l.events(shared, l.pmu.counts_cycles());
                 l.pmu.save(&ev)
             }),
+            lbr: self.local(|l| l.lbr.save()),
         }
     }
 
@@ -671,6 +739,7 @@ impl<'a> X86<'a> {
         self.local(|l| {
             let ev = l.events(shared, true);
             l.pmu.load(&m.pmu, &ev);
+            l.lbr.load(&m.lbr);
             l.publish(shared, &ev, 0, routes);
         });
     }
@@ -809,6 +878,89 @@ mod tests {
         assert_eq!(v.rdpmc(0), Route::Handled(1 << 40));
         v.setup(0, 0, PMU_NONE, None);
         assert_eq!(v.cpuid(0xa, 0, [0; 4]), Route::Unhandled);
+    }
+
+    #[test]
+    fn lbr_is_routed_with_the_intel_pmu_and_blocks_report_branches_only_while_it_records() {
+        use crate::x86::lbr::{debugctl, MSR_IA32_DEBUGCTLMSR, MSR_LBR_NHM_FROM, MSR_LBR_NHM_TO};
+        use crate::x86::lbr::{select, MSR_LBR_SELECT, MSR_LBR_TOS};
+        use crate::x86::pmu::{ACTIVE_LBR, ACTIVE_RETIRED};
+        let vcpu = Vcpu::new(0, Arch::X86_64);
+        let v = vcpu.x86().unwrap();
+        let c = TestCounting::new(Counting::default());
+        // No PMU, or AMD's: DEBUGCTL and the stack stay TCG's.
+        assert_eq!(v.rdmsr(MSR_IA32_DEBUGCTLMSR), Route::Unhandled);
+        assert_eq!(v.wrmsr(MSR_LBR_TOS, 1), Route::Unhandled);
+        v.setup(0, 0, PMU_AMD, c.ptr());
+        assert_eq!(v.wrmsr(MSR_IA32_DEBUGCTLMSR, 1), Route::Unhandled);
+        // Intel without PDCM: no LBR_FMT, so no LBR (KVM's
+        // intel_pmu_lbr_is_enabled): the stack #GPs, DEBUGCTL.LBR is dropped.
+        v.setup(0, 0, PMU_INTEL | PMU_LBR, c.ptr());
+        assert_eq!(v.rdmsr(MSR_LBR_TOS), Route::Fault);
+        assert_eq!(
+            v.wrmsr(MSR_IA32_DEBUGCTLMSR, debugctl::LBR),
+            Route::Handled(())
+        );
+        assert_eq!(v.rdmsr(MSR_IA32_DEBUGCTLMSR), Route::Handled(0));
+        assert_eq!(v.wrmsr(MSR_IA32_DEBUGCTLMSR, 1 << 6), Route::Fault, "TR");
+        assert_eq!(c.get().active, 0);
+        // PDCM without LBR: PERF_CAPABILITIES has no LBR_FMT.
+        v.setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, c.ptr());
+        assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13));
+        assert_eq!(v.rdmsr(MSR_LBR_TOS), Route::Fault);
+        // With LBR: format 5, and blocks report branches exactly while
+        // DEBUGCTL.LBR is set.
+        v.setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH | PMU_LBR, c.ptr());
+        assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13 | 5));
+        assert_eq!(v.rdmsr(MSR_LBR_TOS), Route::Handled(0));
+        v.lbr_branch(0x10, 0x20, BranchKind::Jcc as u32, 3);
+        assert_eq!(v.rdmsr(MSR_LBR_TOS), Route::Handled(0), "not recording");
+        assert_eq!(
+            v.wrmsr(
+                MSR_IA32_DEBUGCTLMSR,
+                debugctl::LBR | debugctl::FREEZE_LBRS_ON_PMI
+            ),
+            Route::Handled(())
+        );
+        assert_eq!(c.get().active, ACTIVE_LBR);
+        v.lbr_branch(0x10, 0x20, BranchKind::Jcc as u32, 3);
+        v.lbr_branch(0x30, 0x40, 99, 3);
+        assert_eq!(v.rdmsr(MSR_LBR_TOS), Route::Handled(1), "kind 99 dropped");
+        assert_eq!(v.rdmsr(MSR_LBR_NHM_FROM + 1), Route::Handled(0x10));
+        assert_eq!(v.rdmsr(MSR_LBR_NHM_TO + 1), Route::Handled(0x20));
+        assert_eq!(
+            v.wrmsr(MSR_LBR_SELECT, select::CPL_NEQ_0),
+            Route::Handled(())
+        );
+        v.lbr_branch(0x50, 0x60, BranchKind::NearRet as u32, 3);
+        assert_eq!(
+            v.rdmsr(MSR_LBR_TOS),
+            Route::Handled(1),
+            "user branches suppressed"
+        );
+        // Counting and recording side by side; the PMI freezes recording.
+        let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::INT | 0xc0;
+        assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
+        assert_eq!(v.wrmsr(0xc1, (-2i64) as u64), Route::Handled(()));
+        assert_eq!(c.get().active, ACTIVE_RETIRED | ACTIVE_LBR);
+        let saved = v.save_msrs();
+        assert_eq!(
+            saved.lbr.debugctl,
+            debugctl::LBR | debugctl::FREEZE_LBRS_ON_PMI
+        );
+        c.update(|c| c.events[1] += 2);
+        v.pmu_due();
+        assert_eq!(c.get().pmi, 1);
+        assert_eq!(c.get().active, ACTIVE_RETIRED, "frozen: no more reports");
+        assert_eq!(
+            v.rdmsr(MSR_IA32_DEBUGCTLMSR),
+            Route::Handled(debugctl::FREEZE_LBRS_ON_PMI)
+        );
+        // Loading the saved registers records again, with the records kept.
+        v.load_msrs(&saved);
+        assert_eq!(c.get().active & ACTIVE_LBR, ACTIVE_LBR);
+        assert_eq!(v.rdmsr(MSR_LBR_NHM_FROM + 1), Route::Handled(0x10));
+        assert_eq!(v.rdmsr(MSR_LBR_SELECT), Route::Handled(select::CPL_NEQ_0));
     }
 
     #[test]
