@@ -7,6 +7,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod busy;
+pub mod chain;
 pub mod hypercall;
 pub mod json;
 pub mod lockbench;

@@ -5,7 +5,9 @@
 //! `--tlbbench SECONDS THREADS` only the TLB-heavy one (its report under
 //! `lockbench` too);
 //! `rustkvm-probe --busy AMOUNT [--perf]` only the steal-share workload
-//! (`busy`), after the perf sections with `--perf`.
+//! (`busy`), after the perf sections with `--perf`; `rustkvm-probe
+//! --call-chain ROUNDS` only the known call chain (`chain`), for perf's
+//! branch records and call graphs.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -36,6 +38,15 @@ fn main() {
             let perf_first = rest.iter().any(|a| a == "--perf");
             let mut o = rustkvm_probe::json::Json::obj();
             o.set("busy", run(amount, perf_first));
+            o
+        }
+        [flag, rounds] if flag == "--call-chain" => {
+            let rounds = rounds.parse().unwrap_or(1_000_000);
+            let mut o = rustkvm_probe::json::Json::obj();
+            o.set(
+                "call_chain",
+                rustkvm_probe::json::Json::from(rustkvm_probe::chain::rustkvm_chain_a(rounds)),
+            );
             o
         }
         _ => rustkvm_probe::probe(&rustkvm_probe::Options::default()),

@@ -66,6 +66,10 @@ pub enum PmuModel {
     Intel,
     /// `-cpu EPYC,pmu=on`: AMD's four legacy counters only.
     Epyc,
+    /// `-cpu Icelake-Server,pdcm=on,pmu=on`: a model Linux's Intel PMU
+    /// driver knows, so it uses the LBR (QEMU's model has no PDCM, so no
+    /// PERF_CAPABILITIES without `pdcm=on`, as under KVM).
+    Icelake,
 }
 
 impl PmuModel {
@@ -75,6 +79,7 @@ impl PmuModel {
             PmuModel::Default => "default",
             PmuModel::Intel => "intel",
             PmuModel::Epyc => "epyc",
+            PmuModel::Icelake => "icelake",
         }
     }
 }
@@ -334,6 +339,9 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
             ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
         }
         (Arch::X86_64, _) if config.pmu == PmuModel::Epyc => ("pc", "EPYC,pmu=on", "ttyS0"),
+        (Arch::X86_64, _) if config.pmu == PmuModel::Icelake => {
+            ("pc", "Icelake-Server,pdcm=on,pmu=on", "ttyS0")
+        }
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),

@@ -288,3 +288,65 @@ fn the_architecture_comes_from_the_image() {
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("--kernel needs --run CMD"), "{text}");
 }
+
+/// `perf record -b` and `perf record --call-graph lbr` (Debian's perf, Linux
+/// 6.12's LBR driver) over the probe's known call chain
+/// (`rustkvm-probe --call-chain`: `rustkvm_chain_a` calls
+/// `rustkvm_chain_b` calls `rustkvm_chain_c`, whose loop takes fewer
+/// branches than the stack holds), on `-cpu Icelake-Server,pdcm=on,pmu=on`,
+/// a model whose LBR Linux's driver uses: every call graph sampled in the
+/// chain is c, b, a, main; every branch stack holds the calls a to b and b
+/// to c and c's return into b. Under tcg there is no PMU: perf fails.
+#[test]
+fn x86_perf_record_branch_stacks_and_lbr_call_graphs_give_the_known_chain() {
+    let k = kernel("x86_64");
+    let cmd = r#"
+perf record -q --call-graph lbr -e instructions:u -c 100003 -o /tmp/cg /rustkvm-probe --call-chain 300000 >/dev/null || exit 1
+perf script -i /tmp/cg -F ip,sym | awk '
+function done() {
+    if (s == "") return
+    n++
+    if (s ~ /^ rustkvm_chain_[bc] /) {
+        if (s ~ /^( rustkvm_chain_c)? rustkvm_chain_b rustkvm_chain_a rustkvm_probe::main /) ok++
+        else { bad++; print "not the chain:" s }
+    }
+    s = ""
+}
+/^[ \t]*$/ { done(); next }
+{ s = s " " $2 }
+END { done(); printf "callgraph samples=%d in-chain=%d other=%d\n", n, ok, bad; exit !(ok > 0 && bad == 0) }' || exit 1
+perf record -q -b -e instructions:u -c 100003 -o /tmp/b /rustkvm-probe --call-chain 300000 >/dev/null || exit 1
+perf script -i /tmp/b -F brstacksym 2>/dev/null | grep . > /tmp/b.txt
+n=$(grep -c . /tmp/b.txt)
+ab=$(grep -c 'rustkvm_chain_a+0x[0-9a-f]*/rustkvm_chain_b+0x0/' /tmp/b.txt)
+bc=$(grep -c 'rustkvm_chain_b+0x[0-9a-f]*/rustkvm_chain_c+0x0/' /tmp/b.txt)
+cb=$(grep -c 'rustkvm_chain_c+0x[0-9a-f]*/rustkvm_chain_b+0x[1-9a-f][0-9a-f]*/' /tmp/b.txt)
+echo "branch stacks=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=$cb"
+[ "$n" -gt 0 ] && [ "$ab" = "$n" ] && [ "$bc" = "$n" ] && [ "$cb" = "$n" ]
+"#;
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--backend",
+            "tcg,pmu=icelake",
+            "--backend",
+            "rustkvm,pmu=icelake",
+            "--packages",
+            "linux-perf",
+            "--run",
+            cmd,
+            "--expect",
+            "tcg,pmu=icelake=fail",
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let rustkvm = section(&text, "x86_64/rustkvm,pmu=icelake/");
+    assert!(
+        rustkvm.contains("PASS: exit 0")
+            && rustkvm.contains("32-deep LBR")
+            && rustkvm.contains("other=0"),
+        "{text}"
+    );
+}

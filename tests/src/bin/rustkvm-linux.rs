@@ -2,7 +2,7 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]...
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]...
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
 //!               [--timeout S] [--shard i/n] [--junit FILE] [--json]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
@@ -29,7 +29,9 @@
 //! (docs/steal-time.md).
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
-//! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters). Only x86
+//! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters);
+//! `,pmu=icelake`: `-cpu Icelake-Server,pdcm=on,pmu=on` (a model whose LBR
+//! Linux's driver uses). Only x86
 //! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
 //! counts instructions; one TCG thread).
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
@@ -113,6 +115,7 @@ fn parse() -> Result<Args, HarnessError> {
                         "thread=single" => single = true,
                         "icount" => icount = true,
                         "pmu=intel" => pmu = PmuModel::Intel,
+                        "pmu=icelake" => pmu = PmuModel::Icelake,
                         "pmu=epyc" => pmu = PmuModel::Epyc,
                         _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
                     }
@@ -211,7 +214,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
