@@ -15,6 +15,11 @@
 #   amd_idle    -accel rustkvm, -cpu max,pmu=on (AMD PMU), never enabled
 #   amd_count   -accel rustkvm, -cpu max,pmu=on, 3 counters (instructions,
 #               branches, cycles) count throughout (x86-pmu-workload)
+#   tcg_maxi    -accel tcg -cpu max,vendor=GenuineIntel (the LBR rows' baseline)
+#   lbr_idle    -accel rustkvm, -cpu max,vendor=GenuineIntel,pmu=on: an Intel
+#               PMU with LBR (PDCM), never enabled
+#   lbr_record  the same, LBR recording every taken branch throughout
+#               (x86-lbr-workload)
 # Every run must pass (guest summary, exit status) with the workload's usual
 # checksum. Each run's CPU time (QEMU's user + system) and wall time; ratios
 # of both to the baseline of the same CPU model, per round (tcg_max/tcg_intel:
@@ -43,6 +48,9 @@ bench_one() {
         amd_off) cpu=max,pmu=off ;;
         amd_idle) cpu=max,pmu=on ;;
         amd_count) cpu=max,pmu=on guest=x86-pmu-workload ;;
+        tcg_maxi) accel=tcg cpu=max,vendor=GenuineIntel ;;
+        lbr_idle) cpu=max,vendor=GenuineIntel,pmu=on ;;
+        lbr_record) cpu=max,vendor=GenuineIntel,pmu=on guest=x86-lbr-workload ;;
         *) die "unknown configuration $1" ;;
     esac
     # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
@@ -54,16 +62,19 @@ bench_one() {
     case "$1" in
         insn_plugin) bench_expect '^total insns: [1-9]' ;;
         *_count) bench_value instructions >/dev/null ;;
+        lbr_record) bench_value tos >/dev/null ;;
     esac
     echo "s $BENCH_SECS"
     echo "cpu_s $BENCH_CPU"
 }
 bench_begin "scripts/bench-pmu.sh $rounds"
-bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count
+bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count \
+    tcg_maxi lbr_idle lbr_record
 ratios=()
 for q in cpu_s s; do
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_max amd_off amd_idle amd_count)
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_maxi lbr_idle lbr_record)
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel tcg_max)
 done
 bench_report "${ratios[@]}"
