@@ -42,9 +42,11 @@ for p in "$@"; do
 done
 
 step "$arch userland: busybox-static $* (Debian $debarch)"
+# (scripts/deps.sh installs them; run alone, this script does, waiting for
+# dpkg's lock: two tests may build userlands at once.)
 for p in mmdebstrap cpio gzip; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
-        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$p" >/dev/null \
+        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 "$p" >/dev/null \
         || die "apt-get install $p failed"
 done
 (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-probe --target "$rust") \

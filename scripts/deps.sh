@@ -32,6 +32,7 @@ PKGS=(
     seabios qemu-system-data ipxe-qemu qemu-efi-aarch64 qemu-utils
     gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu
     linux-perf busybox-static kmod udev
+    mmdebstrap cpio gzip
 )
 missing=()
 for p in "${PKGS[@]}"; do
