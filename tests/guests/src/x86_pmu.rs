@@ -116,3 +116,36 @@ pub fn branch_loop(start: (u32, u64), stop: u32, n: u64) -> u64 {
     }
     head
 }
+
+/// IA32_PERF_CAPABILITIES and its LBR_FMT field.
+pub const PERF_CAPABILITIES: u32 = 0x345;
+/// See [`PERF_CAPABILITIES`].
+pub const LBR_FMT: u64 = 0x3f;
+/// IA32_DEBUGCTL, its LBR bit and FREEZE_LBRS_ON_PMI.
+pub const DEBUGCTL: u32 = 0x1d9;
+/// See [`DEBUGCTL`].
+pub const DEBUGCTL_LBR: u64 = 1 << 0;
+/// See [`DEBUGCTL`].
+pub const FREEZE_LBRS_ON_PMI: u64 = 1 << 11;
+/// The LBR stack (Nehalem and later): select, top of stack, sources,
+/// targets, information words.
+pub const LBR_SELECT: u32 = 0x1c8;
+/// See [`LBR_SELECT`].
+pub const LBR_TOS: u32 = 0x1c9;
+/// See [`LBR_SELECT`].
+pub const LBR_FROM: u32 = 0x680;
+/// See [`LBR_SELECT`].
+pub const LBR_TO: u32 = 0x6c0;
+/// See [`LBR_SELECT`].
+pub const LBR_INFO: u32 = 0xdc0;
+
+/// The vCPU's PERF_CAPABILITIES.LBR_FMT (0: no LBR, or no PDCM and so no
+/// PERF_CAPABILITIES at all).
+pub fn lbr_format() -> u64 {
+    let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
+    if pdcm {
+        arch::rdmsr(PERF_CAPABILITIES).unwrap_or(0) & LBR_FMT
+    } else {
+        0
+    }
+}

@@ -23,20 +23,17 @@ fn main(t: &mut Test) {
     use core::arch::asm;
     use guest::arch::{self, rdmsr, wrmsr};
     use guest::println;
+    use guest::x86_pmu::{
+        lbr_format, DEBUGCTL, DEBUGCTL_LBR as LBR, FREEZE_LBRS_ON_PMI, LBR_FROM, LBR_SELECT,
+        LBR_TO, LBR_TOS,
+    };
 
-    const DEBUGCTL: u32 = 0x1d9;
-    const LBR: u64 = 1;
-    const FREEZE_LBRS_ON_PMI: u64 = 1 << 11;
-    const LBR_SELECT: u32 = 0x1c8;
+    /// LBR_SELECT: suppress Jcc.
     const SEL_JCC: u64 = 1 << 2;
-    const LBR_TOS: u32 = 0x1c9;
-    const LBR_FROM: u32 = 0x680;
-    const LBR_TO: u32 = 0x6c0;
     /// COM1's line status register; bit 0: a byte arrived.
     const COM1_LSR: u32 = 0x3fd;
 
-    let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
-    if !pdcm || rdmsr(0x345).unwrap_or(0) & 0x3f == 0 {
+    if lbr_format() == 0 {
         t.skip("x86-lbr-migrate", "no PERF_CAPABILITIES.LBR_FMT");
         return;
     }

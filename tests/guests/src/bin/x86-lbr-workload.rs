@@ -18,14 +18,10 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "x86_64")]
 fn main(t: &mut Test) {
-    use guest::arch::{self, rdmsr, wrmsr};
+    use guest::arch::{rdmsr, wrmsr};
+    use guest::x86_pmu::{lbr_format, DEBUGCTL, DEBUGCTL_LBR, LBR_FROM, LBR_SELECT, LBR_TOS};
 
-    const DEBUGCTL: u32 = 0x1d9;
-    const LBR_SELECT: u32 = 0x1c8;
-    const LBR_TOS: u32 = 0x1c9;
-    const LBR_FROM: u32 = 0x680;
-    let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
-    if !pdcm || rdmsr(0x345).unwrap_or(0) & 0x3f == 0 {
+    if lbr_format() == 0 {
         t.skip("x86-lbr-workload", "no PERF_CAPABILITIES.LBR_FMT");
         return;
     }
@@ -33,7 +29,7 @@ fn main(t: &mut Test) {
     w(LBR_SELECT, 0);
     w(LBR_FROM, 0);
     w(LBR_TOS, 0);
-    w(DEBUGCTL, 1);
+    w(DEBUGCTL, DEBUGCTL_LBR);
     let sum = guest::workload::run(10_000);
     w(DEBUGCTL, 0);
     t.measure("checksum", format_args!("{sum:#x}"));

@@ -31,27 +31,16 @@ mod lbr {
     use core::arch::{asm, global_asm};
     use guest::arch::{self, nmis, set_lapic_reg};
     use guest::x86_pmu::{
-        rd, wr, EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_NMI, OS,
-        PMC0, SVR,
+        lbr_format, rd, wr, DEBUGCTL, DEBUGCTL_LBR, EN, EVTSEL0, FREEZE_LBRS_ON_PMI, GLOBAL_CTRL,
+        GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LBR_FROM, LBR_INFO, LBR_SELECT, LBR_TO, LBR_TOS,
+        LVTPC, LVT_NMI, OS, PMC0, SVR,
     };
     use guest::{Backend, Test};
 
-    /// IA32_PERF_CAPABILITIES and its LBR_FMT field.
-    const PERF_CAPABILITIES: u32 = 0x345;
-    const LBR_FMT: u64 = 0x3f;
-    /// IA32_DEBUGCTL and its bits.
-    const DEBUGCTL: u32 = 0x1d9;
-    const DEBUGCTL_LBR: u64 = 1 << 0;
+    /// IA32_DEBUGCTL's BTF and TR bits.
     const DEBUGCTL_BTF: u64 = 1 << 1;
     const DEBUGCTL_TR: u64 = 1 << 6;
-    const FREEZE_LBRS_ON_PMI: u64 = 1 << 11;
-    /// The LBR stack: select, top of stack, sources, targets (Nehalem and
-    /// later), and the Core 2 addresses a newer model lacks.
-    const LBR_SELECT: u32 = 0x1c8;
-    const LBR_TOS: u32 = 0x1c9;
-    const LBR_FROM: u32 = 0x680;
-    const LBR_TO: u32 = 0x6c0;
-    const LBR_INFO: u32 = 0xdc0;
+    /// The Core 2 LBR address a newer model lacks.
     const LBR_CORE_FROM: u32 = 0x40;
     /// LBR_SELECT: suppress CPL 0, CPL > 0, Jcc, near indirect jumps, near
     /// relative jumps, far branches; call-stack mode.
@@ -246,13 +235,7 @@ mod lbr {
     }
 
     pub fn main(t: &mut Test) {
-        let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
-        let caps = if pdcm {
-            arch::rdmsr(PERF_CAPABILITIES).ok()
-        } else {
-            None
-        };
-        let fmt = caps.unwrap_or(0) & LBR_FMT;
+        let fmt = lbr_format();
         if arch::cpuid(0xa, 0)[0] & 0xff == 0 || fmt == 0 {
             t.skip("x86-lbr", "no PMU with PERF_CAPABILITIES.LBR_FMT");
             return;
