@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod hypercall;
 pub mod lbr;
 pub mod msi;
+pub mod pebs;
 pub mod pmu;
 pub mod poll_control;
 pub mod pv_eoi;
