@@ -25,8 +25,9 @@
 //! does what the SDM says: a counter without its ADAPTIVE bit writes basic
 //! records, and LBR entries are the guest's own records.
 //!
-//! This module is the model alone: the vCPU does not route the MSRs to it
-//! yet, and no overflow reaches it yet (issue 21 point 2).
+//! The PMU (`x86::pmu`) owns it and routes the MSRs here when its
+//! configuration has PEBS; no vCPU's has yet (QEMU does not ask for it),
+//! and the records are not written yet (issue 21 point 2).
 
 use crate::x86::X86Error;
 
@@ -203,7 +204,7 @@ pub struct PebsRegs {
 }
 
 /// A vCPU's PEBS.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pebs {
     /// Whether the vCPU has PEBS (format 4 with the baseline).
     enabled: bool,

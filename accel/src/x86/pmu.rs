@@ -24,6 +24,7 @@
 //! branch counts when counters count, see `docs/pmu.md`); cycles come from
 //! the time the vCPU spends in guest code.
 
+use crate::x86::pebs::{self, Pebs};
 use crate::x86::X86Error;
 
 /// IA32_PMC0: general-purpose counters, 0xC1 + i (writes sign-extend bit 31).
@@ -94,6 +95,10 @@ pub const NUM_FIXED: usize = 3;
 /// Reserved IA32_PERFEVTSELx bits: the high dword and AnyThread (bit 21),
 /// `pmu->reserved_bits` in `intel_pmu_refresh`.
 pub const EVTSEL_RESERVED: u64 = 0xffff_ffff_0020_0000;
+/// IA32_PERFEVTSELx bit 34, ADAPTIVE: the counter's PEBS records carry
+/// MSR_PEBS_DATA_CFG's groups (`ICL_EVENTSEL_ADAPTIVE`; writable with the
+/// PEBS baseline).
+pub const EVTSEL_ADAPTIVE: u64 = 1 << 34;
 
 /// IA32_PERFEVTSELx fields (SDM Figure 20-1).
 pub mod evtsel {
@@ -392,6 +397,9 @@ pub struct PmuConfig {
     /// Intel with PERF_CAPABILITIES: its LBR_FMT, 0 (no LBR) or
     /// [`crate::x86::lbr::LBR_FORMAT_INFO`] (the vCPU's LBR).
     pub lbr_format: u8,
+    /// Intel with PERF_CAPABILITIES: PEBS format 4 with the baseline
+    /// (`x86::pebs`).
+    pub pebs: bool,
 }
 
 impl PmuConfig {
@@ -403,6 +411,7 @@ impl PmuConfig {
         full_width_writes: false,
         perfctr_core: false,
         lbr_format: 0,
+        pebs: false,
     };
     /// KVM's default Intel PMU: version 2, 4 GP counters, full-width writes.
     pub const DEFAULT: PmuConfig = PmuConfig {
@@ -412,6 +421,7 @@ impl PmuConfig {
         full_width_writes: true,
         perfctr_core: false,
         lbr_format: 0,
+        pebs: false,
     };
 
     /// KVM's AMD PMU for a CPU with PerfCtrExtCore (`perfctr_core`) and
@@ -431,6 +441,7 @@ impl PmuConfig {
             full_width_writes: false,
             perfctr_core,
             lbr_format: 0,
+            pebs: false,
         }
     }
 
@@ -495,8 +506,20 @@ impl PmuConfig {
     }
 
     fn fixed_ctrl_mask(self) -> u64 {
-        // OS, USR and PMI per counter; AnyThread (bit 2 of each) reserved.
-        (0..self.fixed()).fold(0, |m, i| m | 0xb << (4 * i))
+        // OS, USR and PMI per counter; AnyThread (bit 2 of each) reserved;
+        // with the PEBS baseline, ADAPTIVE at 32 + 4i (intel_pmu_refresh).
+        let adaptive = |i: usize| if self.pebs { 1u64 << (32 + 4 * i) } else { 0 };
+        (0..self.fixed()).fold(0, |m, i| m | 0xb << (4 * i) | adaptive(i))
+    }
+
+    /// IA32_PERFEVTSELx's reserved bits (Intel): with the PEBS baseline,
+    /// ADAPTIVE is not.
+    fn evtsel_reserved(self) -> u64 {
+        if self.pebs {
+            EVTSEL_RESERVED & !EVTSEL_ADAPTIVE
+        } else {
+            EVTSEL_RESERVED
+        }
     }
 }
 
@@ -549,6 +572,12 @@ pub struct Pmu {
     /// branches, those counting cycles (GLOBAL_CTRL bit order). Every hot
     /// path walks only these.
     live: Live,
+    /// PEBS (IA32_PEBS_ENABLE and the rest), with `config.pebs`.
+    pebs: Pebs,
+    /// PEBS-enabled counters that overflowed since
+    /// [`Pmu::take_pebs_overflows`] (GLOBAL_CTRL order): each owes a record
+    /// instead of a status bit and a PMI.
+    pebs_pending: u64,
 }
 
 /// See [`Pmu::live`].
@@ -573,6 +602,14 @@ impl Which {
         match self {
             Which::Gp(i) => 1 << i,
             Which::Fixed(i) => 1 << (32 + i),
+        }
+    }
+
+    /// The same counter as PEBS numbers it.
+    fn pebs(self) -> pebs::Counter {
+        match self {
+            Which::Gp(i) => pebs::Counter::Gp(i as u8),
+            Which::Fixed(i) => pebs::Counter::Fixed(i as u8),
         }
     }
 }
@@ -675,7 +712,7 @@ impl Pmu {
         for i in 0..cfg.gp() {
             if cfg.vendor == Vendor::Amd {
                 s.evtsel[i] = r.evtsel[i] & !AMD_EVTSEL_RESERVED;
-            } else if r.evtsel[i] & EVTSEL_RESERVED == 0 {
+            } else if r.evtsel[i] & cfg.evtsel_reserved() == 0 {
                 s.evtsel[i] = r.evtsel[i];
             }
             s.gp[i].value = r.gp[i] & MASK;
@@ -709,6 +746,12 @@ impl Pmu {
             },
             // Nothing counts at reset: no event select is enabled.
             live: Live::default(),
+            pebs: Pebs::new(
+                config.pebs && config.vendor == Vendor::Intel && config.version >= 2,
+                config.gp() as u8,
+                config.fixed() as u8,
+            ),
+            pebs_pending: 0,
         }
     }
 
@@ -797,7 +840,12 @@ impl Pmu {
             let Some((sum, total)) = self.advanced(w, ev) else {
                 continue;
             };
-            if sum > MASK {
+            if sum > MASK && self.pebs.counts(w.pebs()) {
+                // A PEBS counter's overflow writes a record instead: KVM
+                // sets only GLOBAL_STATUS bit 62, for the record that
+                // reaches the threshold (`__kvm_perf_overflow`).
+                self.pebs_pending |= w.bit();
+            } else if sum > MASK {
                 self.state.global_status |= w.bit();
                 if self.wants_pmi(w) {
                     pmi |= w.bit();
@@ -809,6 +857,43 @@ impl Pmu {
             };
         }
         pmi
+    }
+
+    /// Whether the accelerator must stop at `w`'s overflow: it raises a
+    /// PMI, or writes a PEBS record (KVM: `pmc->intr = intr || pebs`).
+    fn stops_at_overflow(&self, w: Which) -> bool {
+        self.wants_pmi(w) || self.pebs.counts(w.pebs())
+    }
+
+    /// The PEBS-enabled counters that overflowed since the last call; the
+    /// caller writes their records ([`Pebs::overflow`]) and reloads them
+    /// ([`Pmu::pebs_reload`]).
+    pub fn take_pebs_overflows(&mut self) -> u64 {
+        std::mem::take(&mut self.pebs_pending)
+    }
+
+    /// PEBS.
+    pub fn pebs(&self) -> &Pebs {
+        &self.pebs
+    }
+
+    /// After `w`'s PEBS record: it counts on from `value` (its
+    /// pebs_event_reset), with the events `ev` now (the caller synced).
+    pub fn pebs_reload(&mut self, w: Which, value: u64, ev: &Events) {
+        let base = self.counting(w).map_or(0, |k| ev.total(k.event, k.filter));
+        *self.counter_mut(w) = Counter {
+            value: value & MASK,
+            base,
+        };
+    }
+
+    /// A PEBS record reached the interrupt threshold: GLOBAL_STATUS bit 62;
+    /// true if that raises a PMI (KVM raises one until the guest clears
+    /// the bit: `skip_pmi = __test_and_set_bit(62, ...)`).
+    pub fn pebs_threshold_reached(&mut self) -> bool {
+        let first = self.state.global_status & GLOBAL_OVF_BUF == 0;
+        self.state.global_status |= GLOBAL_OVF_BUF;
+        first
     }
 
     fn wants_pmi(&self, w: Which) -> bool {
@@ -835,7 +920,7 @@ impl Pmu {
             return None;
         }
         bits(self.live.cycles)
-            .filter(|w| self.wants_pmi(*w))
+            .filter(|w| self.stops_at_overflow(*w))
             .map(|w| MASK + 1 - self.value(w, ev))
             .min()
     }
@@ -850,7 +935,7 @@ impl Pmu {
             return None;
         }
         self.live()
-            .filter(|w| self.wants_pmi(*w))
+            .filter(|w| self.stops_at_overflow(*w))
             .filter_map(|w| {
                 let k = self.counting(w)?;
                 matches!(k.event, Event::Instructions | Event::Branches)
@@ -897,6 +982,7 @@ impl Pmu {
                     | MSR_CORE_PERF_GLOBAL_OVF_CTRL
             )
             || (index == MSR_IA32_PERF_CAPABILITIES && self.config.full_width_writes)
+            || (self.pebs.enabled() && Pebs::owns(index))
     }
 
     /// Whether KVM takes `index` as this PMU's (`kvm_pmu_is_valid_msr`):
@@ -930,8 +1016,11 @@ impl Pmu {
             MSR_CORE_PERF_GLOBAL_OVF_CTRL => 0,
             // (Only with PDCM, which `full_width_writes` stands for.)
             MSR_IA32_PERF_CAPABILITIES => {
-                PERF_CAP_FW_WRITES | u64::from(self.config.lbr_format) & PERF_CAP_LBR_FMT
+                PERF_CAP_FW_WRITES
+                    | u64::from(self.config.lbr_format) & PERF_CAP_LBR_FMT
+                    | self.pebs.capabilities()
             }
+            i if Pebs::owns(i) => return self.pebs.read_msr(i).ok(),
             i => s.evtsel[(i - MSR_IA32_PERFEVTSEL0) as usize],
         })
     }
@@ -939,6 +1028,7 @@ impl Pmu {
     /// Status bits of counters that wrapped since the last sync.
     fn pending_status(&self, ev: &Events) -> u64 {
         self.live()
+            .filter(|w| !self.pebs.counts(w.pebs()))
             .filter(|w| self.advanced(*w, ev).is_some_and(|(sum, _)| sum > MASK))
             .fold(0, |m, w| m | w.bit())
     }
@@ -955,7 +1045,7 @@ impl Pmu {
         if (MSR_IA32_PERFEVTSEL0..MSR_IA32_PERFEVTSEL0 + gp).contains(&index) {
             let i = (index - MSR_IA32_PERFEVTSEL0) as usize;
             let w = Which::Gp(i);
-            if value & EVTSEL_RESERVED != 0 || self.live.all & w.bit() != 0 {
+            if value & self.config.evtsel_reserved() != 0 || self.live.all & w.bit() != 0 {
                 return None;
             }
             let old = self.state.evtsel[i];
@@ -992,6 +1082,11 @@ impl Pmu {
             return gp_fault;
         }
         let pmi = self.sync(ev);
+        if Pebs::owns(index) {
+            // Which counters write records changes what the engine must
+            // stop at: the caller publishes.
+            return self.pebs.write_msr(index, value).map(|()| pmi);
+        }
         if let Some((w, full)) = self.counter_msr(index) {
             if wider_than_gp_counter(w, full, value) {
                 return gp_fault;
@@ -1037,7 +1132,7 @@ impl Pmu {
                 0
             }
             i => {
-                if value & EVTSEL_RESERVED != 0 {
+                if value & cfg.evtsel_reserved() != 0 {
                     return gp_fault;
                 }
                 let i = (i - MSR_IA32_PERFEVTSEL0) as usize;
@@ -1277,6 +1372,96 @@ mod tests {
         assert_eq!(p.write_msr(0x38f, 0x7_0000_000f, &e), Ok(0));
         assert_eq!(p.read_msr(0x345, &e), Some(PERF_CAP_FW_WRITES));
         assert_eq!(p.read_msr(0x390, &e), Some(0), "OVF_CTRL reads 0");
+    }
+
+    #[test]
+    fn pebs_with_the_baseline_opens_its_msrs_and_adaptive_bits_only_when_configured() {
+        let e = Events::default();
+        let mut none = Pmu::new(PmuConfig::DEFAULT);
+        for msr in [
+            pebs::MSR_IA32_PEBS_ENABLE,
+            pebs::MSR_PEBS_DATA_CFG,
+            pebs::MSR_IA32_DS_AREA,
+        ] {
+            assert_eq!(none.read_msr(msr, &e), None, "{msr:#x}");
+            assert!(none.write_msr(msr, 0, &e).is_err(), "{msr:#x}");
+        }
+        assert!(none.write_msr(0x186, EVTSEL_ADAPTIVE, &e).is_err());
+        assert!(none.write_msr(0x38d, 1 << 32, &e).is_err());
+        let mut p = Pmu::new(PmuConfig {
+            pebs: true,
+            ..PmuConfig::DEFAULT
+        });
+        assert_eq!(
+            p.read_msr(0x345, &e),
+            Some(PERF_CAP_FW_WRITES | pebs::caps::PEBS)
+        );
+        assert_eq!(p.write_msr(0x186, EVTSEL_ADAPTIVE | 0xc0, &e), Ok(0));
+        assert_eq!(p.write_msr(0x38d, 1 << 32 | 1 << 40 | 0xb, &e), Ok(0));
+        assert!(p.write_msr(0x38d, 1 << 44, &e).is_err(), "no fixed 3");
+        assert_eq!(
+            p.write_msr(pebs::MSR_IA32_PEBS_ENABLE, 0x7_0000_000f, &e),
+            Ok(0)
+        );
+        assert!(p.write_msr(pebs::MSR_IA32_PEBS_ENABLE, 1 << 4, &e).is_err());
+        assert_eq!(
+            p.read_msr(pebs::MSR_IA32_PEBS_ENABLE, &e),
+            Some(0x7_0000_000f)
+        );
+        assert!(p.pebs().counts(pebs::Counter::Fixed(2)));
+        // An AMD PMU never has PEBS.
+        let amd = Pmu::new(PmuConfig {
+            pebs: true,
+            ..PmuConfig::amd(true, true, 6)
+        });
+        assert!(!amd.pebs().enabled());
+    }
+
+    #[test]
+    fn a_pebs_counters_overflow_owes_a_record_not_a_status_bit_or_a_pmi() {
+        let mut p = Pmu::new(PmuConfig {
+            pebs: true,
+            ..PmuConfig::DEFAULT
+        });
+        let e = ev(0, 0);
+        // PMC0 counts kernel instructions without INT, PEBS-enabled, 10
+        // from the wrap; PMC1 the same without PEBS, with INT, 20 from it.
+        p.write_msr(0x186, evtsel::EN | evtsel::OS | 0xc0, &e)
+            .unwrap();
+        p.write_msr(0x187, evtsel::EN | evtsel::OS | evtsel::INT | 0xc0, &e)
+            .unwrap();
+        p.write_msr(0xc1, (MASK + 1 - 10) as u32 as u64, &e)
+            .unwrap();
+        p.write_msr(0xc2, (MASK + 1 - 20) as u32 as u64, &e)
+            .unwrap();
+        assert_eq!(p.until_overflow(&e), Some(20), "PEBS off: INT only");
+        p.write_msr(pebs::MSR_IA32_PEBS_ENABLE, 1, &e).unwrap();
+        assert_eq!(
+            p.until_overflow(&e),
+            Some(10),
+            "a PEBS counter stops the engine without INT"
+        );
+        let e = ev(0, 10);
+        assert_eq!(p.sync(&e), 0, "no PMI");
+        assert_eq!(p.read_msr(0x38e, &e), Some(0), "no status bit");
+        assert_eq!(p.take_pebs_overflows(), 1);
+        assert_eq!(p.take_pebs_overflows(), 0);
+        p.pebs_reload(Which::Gp(0), MASK + 1 - 5, &e);
+        assert_eq!(p.until_overflow(&e), Some(5), "reloaded");
+        assert!(p.pebs_threshold_reached(), "the first raises a PMI");
+        assert!(!p.pebs_threshold_reached(), "not again until cleared");
+        assert_eq!(p.read_msr(0x38e, &e), Some(GLOBAL_OVF_BUF));
+        p.write_msr(0x390, GLOBAL_OVF_BUF, &e).unwrap();
+        assert!(p.pebs_threshold_reached());
+        // The non-PEBS counter still sets its bit and wants its PMI.
+        let e = ev(0, 20);
+        assert_eq!(p.sync(&e), 0b10);
+        assert_eq!(
+            p.take_pebs_overflows(),
+            1,
+            "PMC0, reloaded 5 from its wrap, wrapped again"
+        );
+        assert_eq!(p.read_msr(0x38e, &e), Some(GLOBAL_OVF_BUF | 0b10));
     }
 
     #[test]
