@@ -114,6 +114,12 @@ typedef struct RustkvmHostOps {
      * qemu_cpu_kick() it. BQL held.
      */
     void (*wake_vcpu)(uint32_t cpu_index);
+    /**
+     * x86: the guest-physical address vCPU `cpu_index`'s paging maps
+     * `linear` to now, or -1 if none (a debug walk: no fault, no A/D bits).
+     * On that vCPU's thread.
+     */
+    int64_t (*x86_linear_to_gpa)(uint32_t cpu_index, uint64_t linear);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */
@@ -366,6 +372,16 @@ typedef struct RustkvmCounting {
      * on the vCPU's thread (cycles are time, not instructions).
      */
     int64_t cycles_deadline_ns;
+    /**
+     * x86: nonzero when PEBS records are owed (Rust sets it; QEMU calls
+     * rustkvm_x86_pebs_write() with the vCPU's state and clears it).
+     */
+    uint32_t pebs_due;
+    /**
+     * x86: the entered block's last instruction's offset from its first, in
+     * bytes, stored with tb_insns (the EventingIP of a PEBS record).
+     */
+    uint32_t tb_last_ofs;
 } RustkvmCounting;
 
 /* rustkvm_x86_vcpu_setup() `pmu` values. */
@@ -409,6 +425,32 @@ typedef struct RustkvmCounting {
  * and exceptions delivered.
  */
 #define RUSTKVM_LBR_FAR 7u
+/**
+ * Or'ed to RUSTKVM_PMU_INTEL | RUSTKVM_PMU_FULL_WIDTH: PEBS, record format
+ * 4 with the baseline (the vCPU's CPUID has DS and DTES64).
+ */
+#define RUSTKVM_PMU_PEBS 0x1000u
+
+/** The vCPU's state a PEBS record is made of, at an instruction boundary. */
+typedef struct RustkvmX86PebsSample {
+    /** The linear address of the instruction that caused the event. */
+    uint64_t eventing_ip;
+    /** The linear address of the next instruction. */
+    uint64_t next_ip;
+    /** RFLAGS. */
+    uint64_t flags;
+    /** RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15. */
+    uint64_t gprs[16];
+    /** XMM0-15, low and high quadwords. */
+    uint64_t xmm[32];
+} RustkvmX86PebsSample;
+
+/**
+ * PEBS records are owed (RustkvmCounting.pebs_due): write them from
+ * `sample` (vCPU thread); a PMI may then be due (RustkvmCounting.pmi).
+ */
+void rustkvm_x86_pebs_write(RustkvmVcpu *vcpu, const RustkvmX86PebsSample *sample);
+
 /** Records in the LBR stack. */
 #define RUSTKVM_LBR_DEPTH 32
 /** PERF_CAPABILITIES.LBR_FMT of that LBR (LBR_FORMAT_INFO). */
@@ -523,6 +565,12 @@ typedef struct RustkvmX86Msrs {
     uint8_t pv_eoi_state;
     /** LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr). */
     RustkvmLbrRegs lbr;
+    /** IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs). */
+    uint64_t pebs_enable;
+    /** MSR_PEBS_DATA_CFG (CPUX86State::rustkvm_pebs_data_cfg). */
+    uint64_t pebs_data_cfg;
+    /** IA32_DS_AREA (CPUX86State::rustkvm_ds_area). */
+    uint64_t ds_area;
 } RustkvmX86Msrs;
 /** Copy the MSRs out, before QEMU saves the vCPU. */
 void rustkvm_x86_save_msrs(RustkvmVcpu *vcpu, RustkvmX86Msrs *msrs);

@@ -188,6 +188,11 @@ impl Threads for HostMemory {
 }
 
 impl GuestMemory for HostMemory {
+    fn x86_linear_to_gpa(&self, index: u32, linear: u64) -> Option<u64> {
+        let f = self.0.x86_linear_to_gpa?;
+        // SAFETY: a plain C function of QEMU's taking integers.
+        u64::try_from(unsafe { f(index, linear) }).ok()
+    }
     fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
         match self.0.ram_read {
             // SAFETY: buf is valid for buf.len() bytes; QEMU writes at most that.
@@ -783,6 +788,9 @@ pub unsafe extern "C" fn rustkvm_x86_save_msrs(
                 to: m.lbr.to,
                 info: m.lbr.info,
             },
+            pebs_enable: m.pebs.enable,
+            pebs_data_cfg: m.pebs.data_cfg,
+            ds_area: m.pebs.ds_area,
         };
     }
 }
@@ -821,6 +829,11 @@ fn saved_msrs(m: &header::RustkvmX86Msrs) -> SavedMsrs {
             fixed: m.pmu_fixed,
             gp: m.pmu_gp,
             evtsel: m.pmu_evtsel,
+        },
+        pebs: crate::x86::pebs::PebsRegs {
+            enable: m.pebs_enable,
+            data_cfg: m.pebs_data_cfg,
+            ds_area: m.ds_area,
         },
         lbr: LbrRegs {
             debugctl: m.lbr.debugctl,
@@ -1015,6 +1028,9 @@ const _: () = {
     assert!(header::RUSTKVM_PMU_PERFCTR_CORE == crate::x86::vcpu::PMU_PERFCTR_CORE);
     assert!(header::RUSTKVM_PMU_PERFMON_V2 == crate::x86::vcpu::PMU_PERFMON_V2);
     assert!(header::RUSTKVM_PMU_LBR == crate::x86::vcpu::PMU_LBR);
+    assert!(header::RUSTKVM_PMU_PEBS == crate::x86::vcpu::PMU_PEBS);
+    assert!(offset_of!(C, pebs_due) == offset_of!(Counting, pebs_due));
+    assert!(offset_of!(C, tb_last_ofs) == offset_of!(Counting, tb_last_ofs));
     assert!(header::RUSTKVM_ACTIVE_RETIRED == crate::x86::pmu::ACTIVE_RETIRED);
     assert!(header::RUSTKVM_ACTIVE_LBR == crate::x86::pmu::ACTIVE_LBR);
 };
@@ -1032,6 +1048,29 @@ const _: () = {
     assert!(header::RUSTKVM_LBR_DEPTH as usize == DEPTH);
     assert!(header::RUSTKVM_LBR_FORMAT as u64 == crate::x86::lbr::LBR_FORMAT_INFO);
 };
+
+/// PEBS records are owed (vCPU thread): write them from `sample`.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle; `sample` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_pebs_write(
+    vcpu: *mut RustkvmVcpu,
+    sample: *const header::RustkvmX86PebsSample,
+) {
+    // SAFETY: forwarded caller contract for both pointers.
+    let (Some(v), Some(s)) = (unsafe { x86_ref(vcpu) }, unsafe { sample.as_ref() }) else {
+        return;
+    };
+    v.pebs_write(crate::x86::pebs::Sample {
+        eventing_ip: s.eventing_ip,
+        next_ip: s.next_ip,
+        flags: s.flags,
+        gprs: s.gprs,
+        xmm: core::array::from_fn(|i| [s.xmm[2 * i], s.xmm[2 * i + 1]]),
+        ..Default::default()
+    });
+}
 
 /// A taken branch while LBR records (vCPU thread).
 ///
@@ -1375,6 +1414,7 @@ mod tests {
                 tsc_deadline_changed: None,
                 inject_timer: None,
                 wake_vcpu: None,
+                x86_linear_to_gpa: None,
             };
             let bad_arch = RustkvmConfig {
                 arch: 9,
@@ -1599,6 +1639,9 @@ mod tests {
                     to: [0; 32],
                     info: [0; 32],
                 },
+                pebs_enable: 0,
+                pebs_data_cfg: 0,
+                ds_area: 0,
             };
             let mut msrs = header::RustkvmX86Msrs {
                 steal_time: 7,

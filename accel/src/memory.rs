@@ -22,6 +22,12 @@ pub trait GuestMemory {
     /// lands before or after it, never lost. The old byte; None, nothing
     /// written, unless the byte is writable RAM.
     fn xchg_u8(&self, gpa: u64, value: u8) -> Option<u8>;
+    /// x86: the guest-physical address vCPU `index`'s paging maps
+    /// `linear` to now (a walk without faults or accessed bits); None if
+    /// none. Only on that vCPU's thread.
+    fn x86_linear_to_gpa(&self, _index: u32, _linear: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// Order the guest-RAM stores before it ahead of those after it, for a
@@ -429,6 +435,9 @@ pub mod tests {
     }
 
     impl GuestMemory for Arc<FakeRam> {
+        fn x86_linear_to_gpa(&self, index: u32, linear: u64) -> Option<u64> {
+            (**self).x86_linear_to_gpa(index, linear)
+        }
         fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
             (**self).read(gpa, buf)
         }
@@ -460,6 +469,10 @@ pub mod tests {
     }
 
     impl GuestMemory for FakeRam {
+        /// Paging off: linear addresses are physical, inside the RAM.
+        fn x86_linear_to_gpa(&self, _index: u32, linear: u64) -> Option<u64> {
+            (linear < self.size()).then_some(linear)
+        }
         fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
             let bytes = self.bytes.lock();
             let Some(end) = gpa

@@ -50,6 +50,7 @@ pub const RUSTKVM_LBR_NEAR_RET: u32 = 4;
 pub const RUSTKVM_LBR_NEAR_IND_JMP: u32 = 5;
 pub const RUSTKVM_LBR_NEAR_REL_JMP: u32 = 6;
 pub const RUSTKVM_LBR_FAR: u32 = 7;
+pub const RUSTKVM_PMU_PEBS: u32 = 4096;
 pub const RUSTKVM_LBR_DEPTH: u32 = 32;
 pub const RUSTKVM_LBR_FORMAT: u32 = 5;
 pub const RUSTKVM_HC_NONE: u32 = 0;
@@ -98,10 +99,13 @@ pub struct RustkvmHostOps {
     pub inject_timer: ::core::option::Option<unsafe extern "C" fn(deadline_ns: i64)>,
     #[doc = " vCPU `cpu_index` may run again (its injected preemption ended):\n qemu_cpu_kick() it. BQL held."]
     pub wake_vcpu: ::core::option::Option<unsafe extern "C" fn(cpu_index: u32)>,
+    #[doc = " x86: the guest-physical address vCPU `cpu_index`'s paging maps\n `linear` to now, or -1 if none (a debug walk: no fault, no A/D bits).\n On that vCPU's thread."]
+    pub x86_linear_to_gpa:
+        ::core::option::Option<unsafe extern "C" fn(cpu_index: u32, linear: u64) -> i64>,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 88usize];
+    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 96usize];
     ["Alignment of RustkvmHostOps"][::core::mem::align_of::<RustkvmHostOps>() - 8usize];
     ["Offset of field: RustkvmHostOps::ram_read"]
         [::core::mem::offset_of!(RustkvmHostOps, ram_read) - 0usize];
@@ -125,6 +129,8 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmHostOps, inject_timer) - 72usize];
     ["Offset of field: RustkvmHostOps::wake_vcpu"]
         [::core::mem::offset_of!(RustkvmHostOps, wake_vcpu) - 80usize];
+    ["Offset of field: RustkvmHostOps::x86_linear_to_gpa"]
+        [::core::mem::offset_of!(RustkvmHostOps, x86_linear_to_gpa) - 88usize];
 };
 #[doc = " Machine-wide options, from -accel rustkvm,... properties."]
 #[repr(C)]
@@ -149,7 +155,7 @@ pub struct RustkvmConfig {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 120usize];
+    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 128usize];
     ["Alignment of RustkvmConfig"][::core::mem::align_of::<RustkvmConfig>() - 8usize];
     ["Offset of field: RustkvmConfig::arch"][::core::mem::offset_of!(RustkvmConfig, arch) - 0usize];
     ["Offset of field: RustkvmConfig::max_cpus"]
@@ -317,10 +323,14 @@ pub struct RustkvmCounting {
     pub pmi: u32,
     #[doc = " When a cycle counter with a PMI may wrap, in QEMU_CLOCK_VIRTUAL ns;\n -1: none. QEMU arms a timer for it that calls rustkvm_x86_pmu_due()\n on the vCPU's thread (cycles are time, not instructions)."]
     pub cycles_deadline_ns: i64,
+    #[doc = " x86: nonzero when PEBS records are owed (Rust sets it; QEMU calls\n rustkvm_x86_pebs_write() with the vCPU's state and clears it)."]
+    pub pebs_due: u32,
+    #[doc = " x86: the entered block's last instruction's offset from its first, in\n bytes, stored with tb_insns (the EventingIP of a PEBS record)."]
+    pub tb_last_ofs: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmCounting"][::core::mem::size_of::<RustkvmCounting>() - 144usize];
+    ["Size of RustkvmCounting"][::core::mem::size_of::<RustkvmCounting>() - 152usize];
     ["Alignment of RustkvmCounting"][::core::mem::align_of::<RustkvmCounting>() - 8usize];
     ["Offset of field: RustkvmCounting::events"]
         [::core::mem::offset_of!(RustkvmCounting, events) - 0usize];
@@ -344,7 +354,45 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmCounting, pmi) - 132usize];
     ["Offset of field: RustkvmCounting::cycles_deadline_ns"]
         [::core::mem::offset_of!(RustkvmCounting, cycles_deadline_ns) - 136usize];
+    ["Offset of field: RustkvmCounting::pebs_due"]
+        [::core::mem::offset_of!(RustkvmCounting, pebs_due) - 144usize];
+    ["Offset of field: RustkvmCounting::tb_last_ofs"]
+        [::core::mem::offset_of!(RustkvmCounting, tb_last_ofs) - 148usize];
 };
+#[doc = " The vCPU's state a PEBS record is made of, at an instruction boundary."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct RustkvmX86PebsSample {
+    #[doc = " The linear address of the instruction that caused the event."]
+    pub eventing_ip: u64,
+    #[doc = " The linear address of the next instruction."]
+    pub next_ip: u64,
+    #[doc = " RFLAGS."]
+    pub flags: u64,
+    #[doc = " RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15."]
+    pub gprs: [u64; 16usize],
+    #[doc = " XMM0-15, low and high quadwords."]
+    pub xmm: [u64; 32usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of RustkvmX86PebsSample"][::core::mem::size_of::<RustkvmX86PebsSample>() - 408usize];
+    ["Alignment of RustkvmX86PebsSample"][::core::mem::align_of::<RustkvmX86PebsSample>() - 8usize];
+    ["Offset of field: RustkvmX86PebsSample::eventing_ip"]
+        [::core::mem::offset_of!(RustkvmX86PebsSample, eventing_ip) - 0usize];
+    ["Offset of field: RustkvmX86PebsSample::next_ip"]
+        [::core::mem::offset_of!(RustkvmX86PebsSample, next_ip) - 8usize];
+    ["Offset of field: RustkvmX86PebsSample::flags"]
+        [::core::mem::offset_of!(RustkvmX86PebsSample, flags) - 16usize];
+    ["Offset of field: RustkvmX86PebsSample::gprs"]
+        [::core::mem::offset_of!(RustkvmX86PebsSample, gprs) - 24usize];
+    ["Offset of field: RustkvmX86PebsSample::xmm"]
+        [::core::mem::offset_of!(RustkvmX86PebsSample, xmm) - 152usize];
+};
+unsafe extern "C" {
+    #[doc = " PEBS records are owed (RustkvmCounting.pebs_due): write them from\n `sample` (vCPU thread); a PMI may then be due (RustkvmCounting.pmi)."]
+    pub fn rustkvm_x86_pebs_write(vcpu: *mut RustkvmVcpu, sample: *const RustkvmX86PebsSample);
+}
 unsafe extern "C" {
     #[doc = " A taken branch from linear address `from` to `to`, ending at CPL `cpl`\n (vCPU thread, while RUSTKVM_ACTIVE_LBR is set): recorded if LBR_SELECT\n selects it."]
     pub fn rustkvm_x86_lbr_branch(vcpu: *mut RustkvmVcpu, from: u64, to: u64, kind: u32, cpl: u32);
@@ -452,10 +500,16 @@ pub struct RustkvmX86Msrs {
     pub pv_eoi_state: u8,
     #[doc = " LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr)."]
     pub lbr: RustkvmLbrRegs,
+    #[doc = " IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs)."]
+    pub pebs_enable: u64,
+    #[doc = " MSR_PEBS_DATA_CFG (CPUX86State::rustkvm_pebs_data_cfg)."]
+    pub pebs_data_cfg: u64,
+    #[doc = " IA32_DS_AREA (CPUX86State::rustkvm_ds_area)."]
+    pub ds_area: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 1040usize];
+    ["Size of RustkvmX86Msrs"][::core::mem::size_of::<RustkvmX86Msrs>() - 1064usize];
     ["Alignment of RustkvmX86Msrs"][::core::mem::align_of::<RustkvmX86Msrs>() - 8usize];
     ["Offset of field: RustkvmX86Msrs::steal_time"]
         [::core::mem::offset_of!(RustkvmX86Msrs, steal_time) - 0usize];
@@ -488,6 +542,12 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmX86Msrs, pv_eoi_state) - 240usize];
     ["Offset of field: RustkvmX86Msrs::lbr"]
         [::core::mem::offset_of!(RustkvmX86Msrs, lbr) - 248usize];
+    ["Offset of field: RustkvmX86Msrs::pebs_enable"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, pebs_enable) - 1040usize];
+    ["Offset of field: RustkvmX86Msrs::pebs_data_cfg"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, pebs_data_cfg) - 1048usize];
+    ["Offset of field: RustkvmX86Msrs::ds_area"]
+        [::core::mem::offset_of!(RustkvmX86Msrs, ds_area) - 1056usize];
 };
 unsafe extern "C" {
     #[doc = " Copy the MSRs out, before QEMU saves the vCPU."]

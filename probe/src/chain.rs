@@ -39,3 +39,33 @@ pub extern "C" fn rustkvm_chain_a(calls: u64) -> u64 {
     }
     x
 }
+
+/// A loop of three instructions, `rounds` times (`add`, `dec`, `jnz`), for
+/// precise sampling: returns the three instructions' addresses. With a
+/// sampling period of 1 modulo 3, exact samples walk them in order.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+pub fn three_instruction_loop(rounds: u64) -> [u64; 3] {
+    let (a, b, c): (u64, u64, u64);
+    // SAFETY: register arithmetic only.
+    unsafe {
+        std::arch::asm!(
+            "lea {a}, [rip + 2f]",
+            "lea {b}, [rip + 3f]",
+            "lea {c}, [rip + 4f]",
+            "2:",
+            "add {x}, 1",
+            "3:",
+            "dec {n}",
+            "4:",
+            "jnz 2b",
+            a = out(reg) a,
+            b = out(reg) b,
+            c = out(reg) c,
+            x = inout(reg) 0u64 => _,
+            n = inout(reg) rounds.max(1) => _,
+            options(nostack, nomem),
+        );
+    }
+    [a, b, c]
+}

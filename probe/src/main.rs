@@ -7,7 +7,9 @@
 //! `rustkvm-probe --busy AMOUNT [--perf]` only the steal-share workload
 //! (`busy`), after the perf sections with `--perf`; `rustkvm-probe
 //! --call-chain ROUNDS` only the known call chain (`chain`), for perf's
-//! branch records and call graphs.
+//! branch records and call graphs; `--three-instruction-loop ROUNDS` (x86)
+//! only that loop, printing its instructions' addresses (`loop-ips A B C`),
+//! for precise sampling.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,6 +50,13 @@ fn main() {
                 rustkvm_probe::json::Json::from(rustkvm_probe::chain::rustkvm_chain_a(rounds)),
             );
             o
+        }
+        #[cfg(target_arch = "x86_64")]
+        [flag, rounds] if flag == "--three-instruction-loop" => {
+            let rounds = rounds.parse().unwrap_or(1_000_000);
+            let at = rustkvm_probe::chain::three_instruction_loop(rounds);
+            println!("loop-ips {:x} {:x} {:x}", at[0], at[1], at[2]);
+            rustkvm_probe::json::Json::obj()
         }
         _ => rustkvm_probe::probe(&rustkvm_probe::Options::default()),
     };

@@ -22,7 +22,8 @@
 //!   that is migrated half-way);
 //! - `needs`: host features the `kvm` backend must have, comma-separated:
 //!   `pmu` (a vPMU), `pv-eoi` (a KVM that arms PV EOI: no APICv/AVIC),
-//!   `lbr` (a host LBR that KVM passes on: legacy, not Arch LBR);
+//!   `lbr` (a host LBR that KVM passes on: legacy, not Arch LBR), `pebs`
+//!   (PEBS with the baseline: a host KVM older than Linux 6.9 with PEBS);
 //!   without them the `kvm` run is SKIP with the reason.
 //!
 //! and, for what the project's kvm_pvm hosts measurably cannot do (see
@@ -160,7 +161,7 @@ pub struct GuestTest {
     pub compare: bool,
     /// Whether the runner's matrix boots it.
     pub matrix: bool,
-    /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`, `lbr`).
+    /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`, `lbr`, `pebs`).
     pub needs: Vec<String>,
     /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
     pub kvm_pvm_skip: Option<String>,
@@ -266,8 +267,10 @@ impl GuestTest {
                     "machine" => test.machine = Some(value.to_string()),
                     "needs" => {
                         for n in value.split(',') {
-                            if !matches!(n, "pmu" | "pv-eoi" | "lbr") {
-                                return Err(bad(format!("needs={n}: known: pmu, pv-eoi, lbr")));
+                            if !matches!(n, "pmu" | "pv-eoi" | "lbr" | "pebs") {
+                                return Err(bad(format!(
+                                    "needs={n}: known: pmu, pv-eoi, lbr, pebs"
+                                )));
                             }
                             test.needs.push(n.to_string());
                         }

@@ -63,6 +63,30 @@ pub fn kvm_no_lbr() -> Option<String> {
     }
 }
 
+/// Why the host KVM offers a guest no PEBS with the baseline, if it does
+/// not: Linux 6.9 and later never do ("KVM: x86/pmu: Disable support for
+/// adaptive PEBS"), and older ones only on a host with PEBS.
+pub fn kvm_no_pebs() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    let pebs = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "pebs"));
+    if (major, minor) >= (6, 9) {
+        Some(format!(
+            "host KVM (Linux {}) offers no PEBS baseline (6.9 and later)",
+            release.trim()
+        ))
+    } else if !pebs {
+        Some("the host has no PEBS for KVM to offer".to_string())
+    } else {
+        None
+    }
+}
+
 /// Why the host KVM never arms PV EOI, if it does not: with APICv (Intel)
 /// or AVIC (AMD) on, KVM keeps `irr_pending` set and its in-service cache
 /// invalid, so `apic_sync_pv_eoi_to_guest` never sets the guest's bit

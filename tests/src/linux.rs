@@ -66,9 +66,10 @@ pub enum PmuModel {
     Intel,
     /// `-cpu EPYC,pmu=on`: AMD's four legacy counters only.
     Epyc,
-    /// `-cpu Icelake-Server,pdcm=on,pmu=on`: a model Linux's Intel PMU
-    /// driver knows, so it uses the LBR (QEMU's model has no PDCM, so no
-    /// PERF_CAPABILITIES without `pdcm=on`, as under KVM).
+    /// `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on`: a model Linux's
+    /// Intel PMU driver knows, so it uses the LBR and precise PEBS (QEMU's
+    /// model has no PDCM, so no PERF_CAPABILITIES, nor DS and DTES64, so no
+    /// PEBS, without them, as under KVM).
     Icelake,
 }
 
@@ -339,9 +340,11 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
             ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
         }
         (Arch::X86_64, _) if config.pmu == PmuModel::Epyc => ("pc", "EPYC,pmu=on", "ttyS0"),
-        (Arch::X86_64, _) if config.pmu == PmuModel::Icelake => {
-            ("pc", "Icelake-Server,pdcm=on,pmu=on", "ttyS0")
-        }
+        (Arch::X86_64, _) if config.pmu == PmuModel::Icelake => (
+            "pc",
+            "Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on",
+            "ttyS0",
+        ),
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),

@@ -301,6 +301,7 @@ fn the_architecture_comes_from_the_image() {
 fn x86_perf_record_branch_stacks_and_lbr_call_graphs_give_the_known_chain() {
     let k = kernel("x86_64");
     let cmd = r#"
+dmesg | grep -o '[0-9]*-deep LBR' || exit 1
 perf record -q --call-graph lbr -e instructions:u -c 100003 -o /tmp/cg /rustkvm-probe --call-chain 300000 >/dev/null || exit 1
 perf script -i /tmp/cg -F ip,sym | awk '
 function done() {
@@ -349,4 +350,74 @@ echo "branch stacks=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=$cb"
             && rustkvm.contains("other=0"),
         "{text}"
     );
+}
+
+/// `perf record -e instructions:uppp -c 100003` (PEBS, precise level 3 on
+/// fixed counter 0: Linux 6.12's Ice Lake driver) over a loop of three
+/// instructions (`rustkvm-probe --three-instruction-loop`, which prints
+/// their addresses), on `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on`:
+/// Linux finds "PEBS fmt4+-baseline"; every sample from the loop is one of
+/// its three instructions, and since the period is 1 modulo 3, exact
+/// N-spaced samples walk them in order, which each consecutive pair must
+/// do. Under tcg there is no PMU: perf fails.
+#[test]
+fn x86_perf_precise_samples_land_on_the_exact_instructions_n_apart() {
+    let k = kernel("x86_64");
+    let cmd = "perf record -q -e instructions:uppp -c 100003 -o /tmp/p \
+               /rustkvm-probe --three-instruction-loop 3000000 | grep loop-ips || exit 1; \
+               perf script -i /tmp/p -F ip | sed 's/^ */sample /'";
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--backend",
+            "tcg,pmu=icelake",
+            "--backend",
+            "rustkvm,pmu=icelake",
+            "--packages",
+            "linux-perf",
+            "--run",
+            cmd,
+            "--expect",
+            "tcg,pmu=icelake=fail",
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let rustkvm = section(&text, "x86_64/rustkvm,pmu=icelake/");
+    assert!(
+        rustkvm.contains("PASS: exit 0") && rustkvm.contains("PEBS fmt4+-baseline"),
+        "{text}"
+    );
+    let hex = |s: &str| u64::from_str_radix(s.trim(), 16).expect("hex");
+    let loop_ips: Vec<u64> = rustkvm
+        .lines()
+        .find_map(|l| l.strip_prefix("loop-ips "))
+        .expect("loop-ips line")
+        .split_whitespace()
+        .map(hex)
+        .collect();
+    let samples: Vec<u64> = rustkvm
+        .lines()
+        .filter_map(|l| l.strip_prefix("sample "))
+        .map(hex)
+        .collect();
+    let pos = |ip: u64| loop_ips.iter().position(|&a| a == ip);
+    let in_loop: Vec<usize> = samples.iter().filter_map(|&ip| pos(ip)).collect();
+    // 3 000 000 rounds of 3 instructions: about 90 samples in the loop.
+    assert!(in_loop.len() >= 80, "{} in the loop: {text}", in_loop.len());
+    let first = samples.iter().position(|&ip| pos(ip).is_some()).unwrap();
+    assert!(
+        samples[first..first + in_loop.len()]
+            .iter()
+            .all(|&ip| pos(ip).is_some()),
+        "a sample outside the loop among its samples: {samples:x?}"
+    );
+    for w in in_loop.windows(2) {
+        assert_eq!(
+            w[1],
+            (w[0] + 1) % 3,
+            "not 100003 instructions apart: {samples:x?} (loop {loop_ips:x?})"
+        );
+    }
 }

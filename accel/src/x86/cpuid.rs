@@ -92,6 +92,10 @@ pub const CPUID_1_ECX_MONITOR: u32 = 1 << 3;
 /// CPUID.1:ECX bit 15 PDCM: IA32_PERF_CAPABILITIES exists (QEMU clears it
 /// without `pmu=on`; SDM vol. 2A, CPUID).
 pub const CPUID_1_ECX_PDCM: u32 = 1 << 15;
+/// CPUID.1:ECX bit 2 DTES64: the 64-bit DS save area layout (PEBS).
+pub const CPUID_1_ECX_DTES64: u32 = 1 << 2;
+/// CPUID.1:EDX bit 21 DS: the DS save area, IA32_DS_AREA (PEBS).
+pub const CPUID_1_EDX_DS: u32 = 1 << 21;
 
 /// CPUID 0x15: the TSC / core crystal clock ratio (EAX denominator, EBX
 /// numerator) and the crystal's rate in Hz (ECX) (SDM vol. 2A, CPUID leaf
@@ -151,12 +155,14 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// given what TCG offers (`tcg`).
 /// Besides KVM's leaves: the TSC-deadline timer, IA32_TSC_ADJUST and the
 /// invariant TSC (the guest TSC counts VM time at a fixed rate, see
-/// `x86::clock`), which TCG lacks, and PDCM (the PMU's
-/// IA32_PERF_CAPABILITIES, with full-width counter writes).
+/// `x86::clock`), which TCG lacks, PDCM (the PMU's
+/// IA32_PERF_CAPABILITIES, with full-width counter writes), and DS and
+/// DTES64 (PEBS's DS save area; a vCPU without PEBS does not show them).
 pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
     match (leaf, subleaf, reg) {
         (KVM_CPUID_FEATURES, _, REG_EAX) => tcg | IMPLEMENTED_KVM_FEATURES,
-        (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE | CPUID_1_ECX_PDCM,
+        (1, _, REG_ECX) => tcg | CPUID_1_ECX_TSC_DEADLINE | CPUID_1_ECX_PDCM | CPUID_1_ECX_DTES64,
+        (1, _, REG_EDX) => tcg | CPUID_1_EDX_DS,
         (7, 0, REG_EBX) => tcg | CPUID_7_0_EBX_TSC_ADJUST,
         (0x8000_0007, _, REG_EDX) => tcg | CPUID_8000_0007_EDX_INVTSC,
         // The AMD PMU's PerfCtrExtCore and PerfMonV2 (with pmu=on).
@@ -273,14 +279,15 @@ mod tests {
             "hints (EDX) stay TCG's"
         );
         assert_eq!(
-            supported(1, 0, REG_EDX, 0x1234),
+            supported(1, 0, REG_EBX, 0x1234),
             0x1234,
             "other words untouched"
         );
+        assert_eq!(supported(1, 0, REG_EDX, 0x1234), 0x1234 | 1 << 21, "DS");
         assert_eq!(
             supported(1, 0, REG_ECX, 0),
-            1 << 24 | 1 << 15,
-            "TSC-deadline, PDCM"
+            1 << 24 | 1 << 15 | 1 << 2,
+            "TSC-deadline, PDCM, DTES64"
         );
         assert_eq!(supported(7, 0, REG_EBX, 1), 3, "TSC_ADJUST");
         assert_eq!(supported(7, 1, REG_EBX, 0), 0);

@@ -363,6 +363,21 @@ impl Lbr {
         r.info[i] = 0;
     }
 
+    /// The records newest first (from TOS down), as a PEBS record's LBR
+    /// group holds them; none without LBR.
+    pub fn newest_first(&self) -> Vec<(u64, u64, u64)> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let r = &self.regs;
+        (0..DEPTH)
+            .map(|i| {
+                let k = (r.tos as usize + DEPTH - i) % DEPTH;
+                (r.from[k], r.to[k], r.info[k])
+            })
+            .collect()
+    }
+
     /// A PMI was raised: with FREEZE_LBRS_ON_PMI, recording stops (DEBUGCTL.LBR
     /// cleared), as KVM's `intel_pmu_legacy_freezing_lbrs_on_pmi` for its
     /// version-2 PMU; GLOBAL_STATUS bit 58 is never set.

@@ -75,4 +75,6 @@ pub struct SavedMsrs {
     pub pmu: pmu::PmuRegs,
     /// The LBR registers.
     pub lbr: lbr::LbrRegs,
+    /// The PEBS registers.
+    pub pebs: pebs::PebsRegs,
 }

@@ -373,6 +373,11 @@ impl Pebs {
         out
     }
 
+    /// `c`'s pebs_event_reset in the DS area; None if the area is not RAM.
+    pub fn reset_value(&self, mem: &mut impl LinearMemory, c: Counter) -> Option<u64> {
+        mem.read_u64(c.reset_slot(self.regs.ds_area))
+    }
+
     /// `c` (PEBS-enabled, adaptive or not) overflowed at `s`: write its
     /// record at pebs_index and move the index on (SDM 20.9.2). The
     /// record names every PEBS-enabled counter in `overflowed` (counters

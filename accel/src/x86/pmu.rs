@@ -222,6 +222,7 @@ pub fn is_arch_pmu_msr(index: u32) -> bool {
         || (MSR_K7_EVNTSEL0..MSR_K7_PERFCTR0 + 4).contains(&index)
         || (MSR_F15H_PERF_CTL0..MSR_F15H_PERF_CTL0 + 2 * MAX_AMD_GP as u32).contains(&index)
         || (MSR_AMD64_GLOBAL_STATUS..=MSR_AMD64_GLOBAL_STATUS_SET).contains(&index)
+        || Pebs::owns(index)
 }
 
 /// Whether writing `value` to `index` could make a counter count cycles
@@ -280,6 +281,12 @@ pub struct Counting {
     /// When a cycle counter with a PMI may wrap (VM clock ns; -1: none):
     /// the engine arms a timer that calls back then.
     pub cycles_deadline_ns: i64,
+    /// Nonzero when PEBS records are owed: the engine calls back with the
+    /// vCPU's state (`rustkvm_x86_pebs_write`).
+    pub pebs_due: u32,
+    /// The entered block's last instruction's offset from its first
+    /// (engine-owned).
+    pub tb_last_ofs: u32,
 }
 
 /// [`Counting::active`]: blocks count instructions and branches
@@ -303,6 +310,8 @@ impl Default for Counting {
             active: 0,
             pmi: 0,
             cycles_deadline_ns: -1,
+            pebs_due: 0,
+            tb_last_ofs: 0,
         }
     }
 }
@@ -334,6 +343,9 @@ impl Counting {
             .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
         if pmi != 0 {
             self.pmi = 1;
+        }
+        if pmu.pebs_owed() {
+            self.pebs_due = 1;
         }
     }
 }
@@ -606,7 +618,7 @@ impl Which {
     }
 
     /// The same counter as PEBS numbers it.
-    fn pebs(self) -> pebs::Counter {
+    pub fn pebs(self) -> pebs::Counter {
         match self {
             Which::Gp(i) => pebs::Counter::Gp(i as u8),
             Which::Fixed(i) => pebs::Counter::Fixed(i as u8),
@@ -875,6 +887,30 @@ impl Pmu {
     /// PEBS.
     pub fn pebs(&self) -> &Pebs {
         &self.pebs
+    }
+
+    /// Load PEBS's saved registers (after [`Pmu::load`], which resets it).
+    pub fn pebs_load(&mut self, regs: &pebs::PebsRegs) {
+        self.pebs.load(regs);
+    }
+
+    /// Whether PEBS records are owed.
+    pub fn pebs_owed(&self) -> bool {
+        self.pebs_pending != 0
+    }
+
+    /// Whether `w`'s PEBS records carry MSR_PEBS_DATA_CFG's groups
+    /// (EVENTSEL bit 34, FIXED_CTR_CTRL bit 32 + 4i).
+    pub fn adaptive(&self, w: Which) -> bool {
+        match w {
+            Which::Gp(i) => self.state.evtsel[i] & EVTSEL_ADAPTIVE != 0,
+            Which::Fixed(i) => self.state.fixed_ctrl >> (32 + 4 * i) & 1 != 0,
+        }
+    }
+
+    /// The counters whose bits (GLOBAL_CTRL order) are set in `mask`.
+    pub fn counters_in(mask: u64) -> impl Iterator<Item = Which> {
+        bits(mask)
     }
 
     /// After `w`'s PEBS record: it counts on from `value` (its

@@ -19,6 +19,7 @@ use crate::x86::clock::{self, Timer, X86Clock};
 use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
 use crate::x86::hypercall;
 use crate::x86::lbr::{self, Branch, BranchKind, Lbr};
+use crate::x86::pebs::{self, LinearMemory};
 use crate::x86::pmu::{self, Counting, Events, Pmu, PmuConfig};
 use crate::x86::poll_control::{PollControl, MSR_KVM_POLL_CONTROL};
 use crate::x86::pv_eoi::{PvEoi, PvEoiState, MSR_KVM_PV_EOI_EN};
@@ -42,6 +43,9 @@ pub const PMU_PERFCTR_CORE: u32 = 0x200;
 pub const PMU_PERFMON_V2: u32 = 0x400;
 /// Intel with PDCM: legacy LBR (PERF_CAPABILITIES.LBR_FMT 5, `x86::lbr`).
 pub const PMU_LBR: u32 = 0x800;
+/// Intel with PDCM, DS and DTES64: PEBS format 4 with the baseline
+/// (`x86::pebs`).
+pub const PMU_PEBS: u32 = 0x1000;
 
 /// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock,
 /// poll control, PV EOI.
@@ -312,13 +316,23 @@ impl<'a> X86<'a> {
                 Route::Handled(r)
             }
             // PDCM (IA32_PERF_CAPABILITIES) only with the Intel PMU that has
-            // the MSR (an AMD model with pmu=on would show it otherwise).
-            1 if tcg[2] & cpuid::CPUID_1_ECX_PDCM != 0
-                && !(config.version != 0 && !amd && config.full_width_writes) =>
-            {
+            // the MSR (an AMD model with pmu=on would show it otherwise);
+            // DS and DTES64 (the DS save area) only with PEBS, as KVM offers
+            // them only where it offers PEBS (`vmx_set_cpu_caps`).
+            1 => {
                 let mut r = tcg;
-                r[2] &= !cpuid::CPUID_1_ECX_PDCM;
-                Route::Handled(r)
+                if !(config.version != 0 && !amd && config.full_width_writes) {
+                    r[2] &= !cpuid::CPUID_1_ECX_PDCM;
+                }
+                if !config.pebs {
+                    r[2] &= !cpuid::CPUID_1_ECX_DTES64;
+                    r[3] &= !cpuid::CPUID_1_EDX_DS;
+                }
+                if r == tcg {
+                    Route::Unhandled
+                } else {
+                    Route::Handled(r)
+                }
             }
             // PerfMonV2 and its number of core counters (EBX[3:0]).
             0x8000_0022 if amd && config.version >= 2 => {
@@ -565,6 +579,48 @@ impl<'a> X86<'a> {
         });
     }
 
+    /// PEBS records are owed (`Counting::pebs_due`): write one, made of
+    /// `s` (the vCPU's registers at the boundary after the instruction
+    /// that overflowed) with this vCPU's TSC and LBR records, naming every
+    /// PEBS counter that overflowed, and reload them from their
+    /// pebs_event_reset; a record that reaches the threshold raises the
+    /// PMI. A DS area or buffer that is not mapped RAM gets nothing
+    /// written (the counters reload where their reset values can be read).
+    pub fn pebs_write(&self, mut s: pebs::Sample) {
+        let (shared, routes) = (self.shared(), self.routes());
+        s.tsc = self.rdtsc();
+        let index = self.vcpu.index();
+        self.local(|l| {
+            let owed = l.pmu.take_pebs_overflows();
+            let Some(first) = pmu::Pmu::counters_in(owed).next() else {
+                return;
+            };
+            s.lbr = l.lbr.newest_first();
+            let mut mem = VcpuLinear {
+                host: &*shared.host,
+                index,
+            };
+            let adaptive = l.pmu.adaptive(first);
+            let written = l
+                .pmu
+                .pebs()
+                .overflow(&mut mem, first.pebs(), adaptive, owed, &s);
+            let ev = l.events(shared, l.pmu.counts_cycles());
+            for c in pmu::Pmu::counters_in(owed) {
+                if let Some(v) = l.pmu.pebs().reset_value(&mut mem, c.pebs()) {
+                    l.pmu.pebs_reload(c, v, &ev);
+                }
+            }
+            let pmi = match written {
+                Ok(w) if w.interrupt && l.pmu.pebs_threshold_reached() => {
+                    pebs::GLOBAL_STATUS_BUFFER_OVF
+                }
+                _ => 0,
+            };
+            l.publish(shared, &ev, pmi, routes);
+        });
+    }
+
     /// The PMI budget ran out (see `rustkvm_x86_pmu_due`): sync, publish.
     pub(crate) fn pmu_due(&self) {
         let (shared, routes) = (self.shared(), self.routes());
@@ -629,6 +685,8 @@ impl<'a> X86<'a> {
                 } else {
                     0
                 },
+                // PEBS's fields are PERF_CAPABILITIES's too.
+                pebs: pmu & (PMU_FULL_WIDTH | PMU_PEBS) == PMU_FULL_WIDTH | PMU_PEBS,
                 ..PmuConfig::TCG
             }
         } else if pmu & 0xff == PMU_AMD {
@@ -713,6 +771,7 @@ impl<'a> X86<'a> {
                 l.pmu.save(&ev)
             }),
             lbr: self.local(|l| l.lbr.save()),
+            pebs: self.local(|l| l.pmu.pebs().save()),
         }
     }
 
@@ -740,6 +799,7 @@ impl<'a> X86<'a> {
             let ev = l.events(shared, true);
             l.pmu.load(&m.pmu, &ev);
             l.lbr.load(&m.lbr);
+            l.pmu.pebs_load(&m.pebs);
             l.publish(shared, &ev, 0, routes);
         });
     }
@@ -776,6 +836,70 @@ impl<'a> X86<'a> {
     /// The PMU this vCPU has, for `query-rustkvm`.
     pub fn pmu_shape(&self) -> crate::info::X86PmuShape {
         self.local(|l| crate::info::X86PmuShape::from_config(l.pmu.config))
+    }
+}
+
+/// A vCPU's linear memory: its paging now (QEMU's walk) onto guest RAM.
+struct VcpuLinear<'a> {
+    host: &'a dyn crate::memory::Host,
+    index: u32,
+}
+
+impl VcpuLinear<'_> {
+    /// The guest-physical pieces of `len` bytes at `addr`, page by page;
+    /// None unless every page is mapped.
+    fn pieces(&self, addr: u64, len: u64) -> Option<Vec<(Gpa, usize)>> {
+        const PAGE: u64 = 4096;
+        let mut out = Vec::new();
+        let mut at = addr;
+        let end = addr.checked_add(len)?;
+        while at < end {
+            let n = (PAGE - at % PAGE).min(end - at);
+            out.push((
+                Gpa(self.host.x86_linear_to_gpa(self.index, at)?),
+                n as usize,
+            ));
+            at += n;
+        }
+        Some(out)
+    }
+}
+
+impl LinearMemory for VcpuLinear<'_> {
+    fn read_u64(&mut self, addr: u64) -> Option<u64> {
+        let ram = GuestRam::new(self.host);
+        let mut b = [0u8; 8];
+        let mut off = 0;
+        for (gpa, n) in self.pieces(addr, 8)? {
+            if !ram.read(gpa, &mut b[off..off + n]) {
+                return None;
+            }
+            off += n;
+        }
+        Some(u64::from_le_bytes(b))
+    }
+
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        let ram = GuestRam::new(self.host);
+        let Some(pieces) = self.pieces(addr, bytes.len() as u64) else {
+            return false;
+        };
+        // Every piece must be RAM before any is written.
+        let mut scratch = vec![0u8; 4096];
+        if !pieces
+            .iter()
+            .all(|&(gpa, n)| ram.read(gpa, &mut scratch[..n]))
+        {
+            return false;
+        }
+        let mut off = 0;
+        for (gpa, n) in pieces {
+            if !ram.write(gpa, &bytes[off..off + n]) {
+                return false;
+            }
+            off += n;
+        }
+        true
     }
 }
 
@@ -999,6 +1123,84 @@ mod tests {
     /// `amd_is_valid_msr` claims the K7 range whenever the PMU exists, and
     /// `amd_pmu_get_msr` / `amd_pmu_set_msr` find no counter); they read 0
     /// only on a vCPU whose PMU does not claim them.
+    #[test]
+    fn a_pebs_overflow_writes_its_record_through_the_vcpus_paging_and_reloads() {
+        use crate::memory::tests::FakeRam;
+        use crate::x86::pebs::{self, ds};
+        use std::sync::Arc;
+        const DS: u64 = 0x1000;
+        const BUF: u64 = 0x2000;
+        let ram = Arc::new(FakeRam::new(0x4000));
+        let vm = crate::Vm::with_memory(
+            crate::VmConfig::new(Arch::X86_64, 1, false).unwrap(),
+            Box::new(Arc::clone(&ram)),
+        );
+        let vcpu = vm.create_vcpu(0).unwrap();
+        let v = vcpu.x86().unwrap();
+        let c = TestCounting::new(Counting::default());
+        // PDCM but no DS/DTES64 (PMU_PEBS unset): no PEBS, DS hidden.
+        v.setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH, c.ptr());
+        assert_eq!(v.rdmsr(pebs::MSR_IA32_DS_AREA), Route::Fault);
+        assert_eq!(
+            v.cpuid(1, 0, [0, 0, 1 << 15 | 1 << 2, 1 << 21]),
+            Route::Handled([0, 0, 1 << 15, 0])
+        );
+        v.setup(0, 0, PMU_INTEL | PMU_FULL_WIDTH | PMU_PEBS, c.ptr());
+        assert_eq!(
+            v.cpuid(1, 0, [0, 0, 1 << 15 | 1 << 2, 1 << 21]),
+            Route::Unhandled
+        );
+        assert_eq!(v.rdmsr(0x345), Route::Handled(1 << 13 | pebs::caps::PEBS));
+        let mem = GuestRam::new(&*ram);
+        let put = |gpa: u64, val: u64| assert!(mem.write(Gpa(gpa), &val.to_le_bytes()));
+        let get = |gpa: u64| {
+            let mut b = [0u8; 8];
+            assert!(mem.read(Gpa(gpa), &mut b));
+            u64::from_le_bytes(b)
+        };
+        put(DS + ds::BUFFER_BASE, BUF);
+        put(DS + ds::INDEX, BUF);
+        put(DS + ds::ABSOLUTE_MAXIMUM, BUF + 0x1000);
+        put(DS + ds::INTERRUPT_THRESHOLD, BUF + 1);
+        put(DS + ds::EVENT_RESET, 0xffff_ffff_fffc);
+        // PMC0: kernel instructions, adaptive, PEBS, 2 from the wrap.
+        let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::EVTSEL_ADAPTIVE | 0xc0;
+        assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
+        assert_eq!(v.wrmsr(0x4c1, 0xffff_ffff_fffe), Route::Handled(()));
+        assert_eq!(
+            v.wrmsr(pebs::MSR_PEBS_DATA_CFG, pebs::data_cfg::GPRS),
+            Route::Handled(())
+        );
+        assert_eq!(v.wrmsr(pebs::MSR_IA32_DS_AREA, DS), Route::Handled(()));
+        assert_eq!(v.wrmsr(pebs::MSR_IA32_PEBS_ENABLE, 1), Route::Handled(()));
+        assert_eq!(c.get().budget, 2, "the engine stops at the overflow");
+        c.update(|c| c.events[1] += 2);
+        v.pmu_due();
+        assert_eq!(
+            (c.get().pmi, c.get().pebs_due),
+            (0, 1),
+            "a record owed, no PMI"
+        );
+        let mut s = pebs::Sample {
+            eventing_ip: 0x40_1000,
+            next_ip: 0x40_1002,
+            ..Default::default()
+        };
+        s.gprs[0] = 0xaaaa;
+        v.pebs_write(s);
+        assert_eq!(get(DS + ds::INDEX), BUF + 176, "basic + GPRs");
+        assert_eq!(get(BUF), 176 << 48 | pebs::data_cfg::GPRS);
+        assert_eq!((get(BUF + 8), get(BUF + 16)), (0x40_1000, 1));
+        assert_eq!((get(BUF + 40), get(BUF + 48)), (0x40_1002, 0xaaaa));
+        assert_eq!(c.get().pmi, 1, "the threshold is reached");
+        assert_eq!(
+            v.rdmsr(0x38e),
+            Route::Handled(pebs::GLOBAL_STATUS_BUFFER_OVF)
+        );
+        assert_eq!(v.rdpmc(0), Route::Handled(0xffff_ffff_fffc), "reloaded");
+        assert_eq!(c.get().budget, 4);
+    }
+
     #[test]
     fn amd_k7_msrs_of_counters_a_perfmon_v2_pmu_lacks_fault() {
         let vm = crate::Vm::new(

@@ -30,7 +30,7 @@
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
 //! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters);
-//! `,pmu=icelake`: `-cpu Icelake-Server,pdcm=on,pmu=on` (a model whose LBR
+//! `,pmu=icelake`: `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on` (a model whose LBR and PEBS
 //! Linux's driver uses). Only x86
 //! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
 //! counts instructions; one TCG thread).
