@@ -106,7 +106,8 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
     // steal time, kvmclock with the TSC and TSC_ADJUST, an armed
     // TSC-deadline timer, the x86 PMU's counters with a PMI pending, an
     // EOI made in memory (PV EOI) the APIC has not taken yet, LBR records
-    // with recording on across the move, the arm64
+    // with recording on across the move, PEBS's registers and a counter
+    // that writes its record after it, the arm64
     // PMU, PV time.
     for (arch, name, variant) in [
         (Arch::X86_64, "x86-steal-migrate", Variant::Default),
@@ -115,6 +116,7 @@ fn rustkvm_state_survives_savevm_loadvm_and_live_migration() {
         (Arch::X86_64, "x86-pmu-migrate", Variant::Default),
         (Arch::X86_64, "x86-pv-eoi-migrate", Variant::Default),
         (Arch::X86_64, "x86-lbr-migrate", Variant::Default),
+        (Arch::X86_64, "x86-pebs-migrate", Variant::Default),
         (Arch::Aarch64, "arm-pmu-migrate", Variant::Default),
         // Under -icount: each of its windows surely holds the other
         // vCPU's turns, however the host schedules QEMU.
