@@ -289,6 +289,33 @@ fn the_architecture_comes_from_the_image() {
     assert!(text.contains("--kernel needs --run CMD"), "{text}");
 }
 
+/// `cmd` with Debian's perf on `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on`
+/// (`rustkvm-linux --backend ...,pmu=icelake`) under tcg, where it must fail
+/// (no PMU), and rustkvm: the runner's whole report and rustkvm's section.
+fn on_icelake_with_perf(cmd: &str) -> (String, String) {
+    let k = kernel("x86_64");
+    let (code, text) = runner(
+        &[
+            "--kernel",
+            &k,
+            "--backend",
+            "tcg,pmu=icelake",
+            "--backend",
+            "rustkvm,pmu=icelake",
+            "--packages",
+            "linux-perf",
+            "--run",
+            cmd,
+            "--expect",
+            "tcg,pmu=icelake=fail",
+        ],
+        true,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let rustkvm = section(&text, "x86_64/rustkvm,pmu=icelake/").to_string();
+    (text, rustkvm)
+}
+
 /// `perf record -b` and `perf record --call-graph lbr` (Debian's perf, Linux
 /// 6.12's LBR driver) over the probe's known call chain
 /// (`rustkvm-probe --call-chain`: `rustkvm_chain_a` calls
@@ -299,7 +326,6 @@ fn the_architecture_comes_from_the_image() {
 /// to c and c's return into b. Under tcg there is no PMU: perf fails.
 #[test]
 fn x86_perf_record_branch_stacks_and_lbr_call_graphs_give_the_known_chain() {
-    let k = kernel("x86_64");
     let cmd = r#"
 dmesg | grep -o '[0-9]*-deep LBR' || exit 1
 perf record -q --call-graph lbr -e instructions:u -c 100003 -o /tmp/cg /rustkvm-probe --call-chain 300000 >/dev/null || exit 1
@@ -325,25 +351,8 @@ cb=$(grep -c 'rustkvm_chain_c+0x[0-9a-f]*/rustkvm_chain_b+0x[1-9a-f][0-9a-f]*/' 
 echo "branch stacks=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=$cb"
 [ "$n" -gt 0 ] && [ "$ab" = "$n" ] && [ "$bc" = "$n" ] && [ "$cb" = "$n" ]
 "#;
-    let (code, text) = runner(
-        &[
-            "--kernel",
-            &k,
-            "--backend",
-            "tcg,pmu=icelake",
-            "--backend",
-            "rustkvm,pmu=icelake",
-            "--packages",
-            "linux-perf",
-            "--run",
-            cmd,
-            "--expect",
-            "tcg,pmu=icelake=fail",
-        ],
-        true,
-    );
-    assert_eq!(code, Some(0), "{text}");
-    let rustkvm = section(&text, "x86_64/rustkvm,pmu=icelake/");
+    let (text, rustkvm) = on_icelake_with_perf(cmd);
+    let rustkvm = rustkvm.as_str();
     assert!(
         rustkvm.contains("PASS: exit 0")
             && rustkvm.contains("32-deep LBR")
@@ -362,29 +371,11 @@ echo "branch stacks=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=$cb"
 /// do. Under tcg there is no PMU: perf fails.
 #[test]
 fn x86_perf_precise_samples_land_on_the_exact_instructions_n_apart() {
-    let k = kernel("x86_64");
     let cmd = "perf record -q -e instructions:uppp -c 100003 -o /tmp/p \
                /rustkvm-probe --three-instruction-loop 3000000 | grep loop-ips || exit 1; \
                perf script -i /tmp/p -F ip | sed 's/^ */sample /'";
-    let (code, text) = runner(
-        &[
-            "--kernel",
-            &k,
-            "--backend",
-            "tcg,pmu=icelake",
-            "--backend",
-            "rustkvm,pmu=icelake",
-            "--packages",
-            "linux-perf",
-            "--run",
-            cmd,
-            "--expect",
-            "tcg,pmu=icelake=fail",
-        ],
-        true,
-    );
-    assert_eq!(code, Some(0), "{text}");
-    let rustkvm = section(&text, "x86_64/rustkvm,pmu=icelake/");
+    let (text, rustkvm) = on_icelake_with_perf(cmd);
+    let rustkvm = rustkvm.as_str();
     assert!(
         rustkvm.contains("PASS: exit 0") && rustkvm.contains("PEBS fmt4+-baseline"),
         "{text}"
