@@ -87,6 +87,40 @@ pub fn nop_sled(start: (u32, u64), stop: u32) -> u64 {
     sled
 }
 
+/// Start counting, then POPFQ a copy of RFLAGS with IF set (the 2nd
+/// instruction counted), 8 NOPs, stop counting and CLI; returns the address
+/// right after the POPFQ, where an interrupt that POPFQ unmasked, or a PMI
+/// on its overflow, is taken.
+pub fn popf_sti(start: (u32, u64), stop: u32) -> u64 {
+    let after: u64;
+    // SAFETY: as counted_loop; the PUSHFQ/POPFQ pair is balanced, and
+    // interrupts are off again at the end.
+    unsafe {
+        asm!(
+            "lea {after}, [rip + 7f]",
+            "pushfq",
+            "or qword ptr [rsp], 0x200",
+            "wrmsr",
+            "popfq",
+            "7:",
+            ".rept 8",
+            "nop",
+            ".endr",
+            "mov ecx, {stop:e}",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            "cli",
+            after = out(reg) after,
+            stop = in(reg) stop,
+            inout("ecx") start.0 => _,
+            inout("eax") start.1 as u32 => _,
+            inout("edx") (start.1 >> 32) as u32 => _,
+        );
+    }
+    after
+}
+
 /// [`counted_loop`], returning the loop head's address (where an interrupt
 /// right after a taken JNZ comes back to; the `lea` is before the start).
 pub fn branch_loop(start: (u32, u64), stop: u32, n: u64) -> u64 {

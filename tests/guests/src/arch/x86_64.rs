@@ -484,8 +484,9 @@ pub struct Fault {
     pub error: u64,
 }
 
-/// Read the fault the last [`catch`]-style instruction raised, if any.
-fn take_fault() -> Option<Fault> {
+/// Read (and forget) the fault the last [`catch`]-style instruction, or
+/// a guest's own `guest_recover_rip` stretch, raised, if any.
+pub fn take_fault() -> Option<Fault> {
     // SAFETY: single-threaded guest; the handler writes these only while the
     // caught instruction runs.
     unsafe {

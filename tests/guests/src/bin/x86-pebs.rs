@@ -13,8 +13,10 @@
 //! from the DS area; an adaptive counter's record carries DATA_CFG's
 //! groups (memory info, registers with the next IP and the guest's own
 //! values, XMM, LBR entries) in format_size's low bits and size; a fixed
-//! counter's PEBS bit is bit 32 + i; a DS area that is not mapped gets no
-//! record and no status bit. Every instruction runs at CPL 0, LVTPC stays
+//! counter's PEBS bit is bit 32 + i; a record has the state its
+//! instruction left, before a fault of the next instruction or an
+//! interrupt due at the same boundary is taken; a DS area that is not
+//! mapped gets no record and no status bit. Every instruction runs at CPL 0, LVTPC stays
 //! masked (the PMI is checked through GLOBAL_STATUS, as pmu_pebs does).
 #![no_std]
 #![no_main]
@@ -33,8 +35,8 @@ mod pebs {
     use core::arch::asm;
     use guest::arch::{self, set_lapic_reg};
     use guest::x86_pmu::{
-        rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL,
-        GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES, PMC0,
+        popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL,
+        GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES, PMC0, SVR,
     };
     use guest::{Backend, Test};
 
@@ -158,6 +160,45 @@ mod pebs {
         at
     }
 
+    /// Enable counting with GLOBAL_CTRL = `enable` (1st instruction), a
+    /// NOP at label 30 (2nd), UD2 at label 31 (#UD: resumes after it, at
+    /// the disabling WRMSR, which does not count). The labels' addresses.
+    fn sled_ud2(enable: u64) -> [u64; 2] {
+        let mut at = [0u64; 2];
+        // SAFETY: as `sled`; the #UD stub resumes at label 32
+        // (guest_recover_rip), which clears the recovery address.
+        unsafe {
+            asm!(
+                "lea rax, [rip + 30f]",
+                "mov [rdi], rax",
+                "lea rax, [rip + 31f]",
+                "mov [rdi + 8], rax",
+                "lea rax, [rip + 32f]",
+                "mov [rip + guest_recover_rip], rax",
+                "mov ecx, 0x38f",
+                "mov rax, rsi",
+                "mov rdx, rsi",
+                "shr rdx, 32",
+                "wrmsr",
+                "30:",
+                "nop",
+                "31:",
+                "ud2",
+                "32:",
+                "mov qword ptr [rip + guest_recover_rip], 0",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                in("rdi") at.as_mut_ptr(),
+                in("rsi") enable,
+                out("rax") _, out("rcx") _, out("rdx") _,
+                options(nostack),
+            );
+        }
+        at
+    }
+
     fn faults(r: Result<(), arch::Fault>) -> bool {
         matches!(r, Err(f) if f.vector == arch::GP_VECTOR)
     }
@@ -270,6 +311,48 @@ mod pebs {
             (word(buf(), 58), word(buf(), 59)),
             (0, 0),
         );
+
+        // The record is made when its instruction retires, before the
+        // vCPU takes anything else: (1) PMC0 wraps on a NOP followed by
+        // UD2: the EventingIP is the NOP, the next IP the UD2 (not the #UD
+        // handler); (2) PMC0 wraps on a POPFQ that sets IF while vector
+        // 0xe0 is pending: the next IP is the instruction after the POPFQ
+        // and the flags have IF (not the 0xe0 handler's).
+        reset(4096, 0);
+        wr(DATA_CFG, 0x2);
+        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(PMC0_FULL, MASK + 1 - 2);
+        wr(PEBS_ENABLE, 1);
+        let at = sled_ud2(1);
+        t.eq(
+            "before-fault.ud",
+            arch::take_fault().map(|f| f.vector),
+            Some(arch::UD_VECTOR),
+        );
+        t.eq("before-fault.written", written(), 32 + 144);
+        if emulated {
+            t.eq("before-fault.eventing-ip", word(buf(), 1), at[0]);
+            t.eq("before-fault.next-ip", word(buf(), 5), at[1]);
+        }
+        reset(4096, 0);
+        wr(DATA_CFG, 0x2);
+        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(PMC0_FULL, MASK + 1 - 2);
+        wr(PEBS_ENABLE, 1);
+        set_lapic_reg(SVR, 0x1ff);
+        let irqs = arch::irqs(0xe0);
+        arch::self_ipi(0xe0);
+        let after = popf_sti((GLOBAL_CTRL, 1), GLOBAL_CTRL);
+        t.eq("before-interrupt.taken", arch::irqs(0xe0) - irqs, 1);
+        t.eq("before-interrupt.written", written(), 32 + 144);
+        if emulated {
+            t.eq("before-interrupt.next-ip", word(buf(), 5), after);
+            t.check(
+                "before-interrupt.flags-if",
+                word(buf(), 4) & 0x200 != 0,
+                format_args!("{:#x}", word(buf(), 4)),
+            );
+        }
 
         // A fixed counter: FIXED_CTR0 (OS), PEBS bit 32.
         reset(32, 0);

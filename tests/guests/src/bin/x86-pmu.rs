@@ -1,6 +1,8 @@
 //! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu
 //! rustkvm-expect: tcg=skip
 //!   (stock TCG has no x86 PMU)
+//! rustkvm-expect-skip: kvm pmi.before-interrupt.rip
+//!   (a hardware PMI has skid: the interrupt it should precede may come first)
 //!
 //! The Intel architectural PMU (version 2) a KVM guest gets with `pmu=on`
 //! (Intel SDM vol. 3 ch. 20; Linux `arch/x86/kvm/pmu.c`,
@@ -32,7 +34,7 @@ mod pmu {
     use core::arch::asm;
     use guest::arch::{self, lapic_reg, nmis, set_lapic_reg};
     use guest::x86_pmu::{
-        branch_loop, counted_loop, nop_sled, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
+        branch_loop, counted_loop, nop_sled, popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
         GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, PMC0,
         SVR, USR,
     };
@@ -351,6 +353,32 @@ mod pmu {
         );
         wr(GLOBAL_OVF_CTRL, 1);
         t.eq("global-ovf-ctrl.clears", rd(GLOBAL_STATUS), 0);
+
+        // The PMI comes before a maskable interrupt due at the same
+        // boundary (SDM vol. 3 §6.9: NMI before INTR): PMC0 wraps on the
+        // POPFQ that sets IF while vector 0xe0 is pending, and the NMI
+        // interrupts the instruction after the POPFQ, not the 0xe0 handler;
+        // the interrupt follows the NMI's IRETQ.
+        let (n0, _) = nmis();
+        let i0 = arch::irqs(0xe0);
+        arch::self_ipi(0xe0);
+        arm_pmi(0, INSNS, 2);
+        let after = popf_sti(global(1), GLOBAL_CTRL);
+        let (n1, rip) = nmis();
+        t.eq(
+            "pmi.before-interrupt.taken",
+            (n1 - n0, arch::irqs(0xe0) - i0),
+            (1, 1),
+        );
+        if guest::backend() == Some(guest::Backend::Kvm) {
+            t.skip(
+                "pmi.before-interrupt.rip",
+                "a hardware PMI has skid: the interrupt may come first",
+            );
+        } else {
+            t.eq("pmi.before-interrupt.rip", rip.wrapping_sub(after), 0);
+        }
+        wr(GLOBAL_OVF_CTRL, 1);
 
         // PMC1 (branches, INT) wraps on the 5th JNZ: the NMI comes back to
         // the loop head right after it.
