@@ -501,17 +501,24 @@ impl<'a> X86<'a> {
             // The clock only if a cycle counter counts or may start to.
             let cycles = l.pmu.counts_cycles() || pmu::may_start_cycles(index, value);
             let ev = l.events(shared, cycles);
-            match l.pmu.write_msr(index, value, &ev) {
+            // The counters catch up first, so that a write refused below
+            // (#GP) still delivers the PMI of an overflow it found.
+            let due = l.pmu.sync(&ev);
+            let route = match l.pmu.write_msr(index, value, &ev) {
                 Ok(pmi) => {
-                    l.publish(shared, &ev, pmi, routes);
-                    Route::Handled(())
+                    l.publish(shared, &ev, due | pmi, routes);
+                    return Route::Handled(());
                 }
                 // Not this PMU's: KVM still ignores writes to the legacy ones.
                 Err(_) if !l.pmu.claims(index) && pmu::kvm_reads_as_zero(index) => {
                     Route::Handled(())
                 }
                 Err(_) => Route::Fault,
+            };
+            if due != 0 {
+                l.publish(shared, &ev, due, routes);
             }
+            route
         })
     }
 
@@ -880,27 +887,38 @@ impl LinearMemory for VcpuLinear<'_> {
     }
 
     fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
-        let ram = GuestRam::new(self.host);
-        let Some(pieces) = self.pieces(addr, bytes.len() as u64) else {
-            return false;
-        };
-        // Every piece must be RAM before any is written.
-        let mut scratch = vec![0u8; 4096];
-        if !pieces
-            .iter()
-            .all(|&(gpa, n)| ram.read(gpa, &mut scratch[..n]))
-        {
-            return false;
-        }
-        let mut off = 0;
-        for (gpa, n) in pieces {
-            if !ram.write(gpa, &bytes[off..off + n]) {
-                return false;
-            }
-            off += n;
-        }
-        true
+        self.pieces(addr, bytes.len() as u64)
+            .is_some_and(|pieces| write_pieces(GuestRam::new(self.host), &pieces, bytes))
     }
+}
+
+/// Write `bytes` over `pieces` (guest-physical, in order) all or nothing:
+/// a piece that is not writable RAM (ROM reads but refuses writes) leaves
+/// the pieces before it as they were.
+fn write_pieces(ram: GuestRam<'_>, pieces: &[(Gpa, usize)], bytes: &[u8]) -> bool {
+    // What each piece held: every piece must be RAM before any is written,
+    // and the old bytes go back if a later one refuses the write.
+    let mut old = vec![0u8; bytes.len()];
+    let mut off = 0;
+    for &(gpa, n) in pieces {
+        if !ram.read(gpa, &mut old[off..off + n]) {
+            return false;
+        }
+        off += n;
+    }
+    let mut off = 0;
+    for (i, &(gpa, n)) in pieces.iter().enumerate() {
+        if !ram.write(gpa, &bytes[off..off + n]) {
+            let mut back = 0;
+            for &(gpa, n) in &pieces[..i] {
+                ram.write(gpa, &old[back..back + n]);
+                back += n;
+            }
+            return false;
+        }
+        off += n;
+    }
+    true
 }
 
 /// The vCPU as the hypercall handler sees it.
@@ -928,6 +946,53 @@ impl hypercall::Services for HypercallServices<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// RAM whose page at `rom` reads but refuses writes (a ROM).
+    struct RomPage {
+        ram: crate::memory::tests::FakeRam,
+        rom: u64,
+    }
+
+    impl crate::memory::GuestMemory for RomPage {
+        fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+            self.ram.read(gpa, buf)
+        }
+        fn write(&self, gpa: u64, buf: &[u8]) -> bool {
+            gpa / 4096 != self.rom / 4096 && self.ram.write(gpa, buf)
+        }
+        fn store_u32(&self, _gpa: u64, _value: u32) -> bool {
+            false
+        }
+        fn store_u64(&self, _gpa: u64, _value: u64) -> bool {
+            false
+        }
+        fn xchg_u8(&self, _gpa: u64, _value: u8) -> Option<u8> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_write_straddling_ram_and_rom_leaves_the_ram_as_it_was() {
+        use crate::memory::GuestMemory;
+        let mem = RomPage {
+            ram: crate::memory::tests::FakeRam::new(3 * 4096),
+            rom: 4096,
+        };
+        assert!(mem.ram.write(4096 - 8, &[0x11; 8]));
+        let ram = GuestRam::new(&mem);
+        // 16 bytes: 8 at the end of page 0 (RAM), 8 at the start of page 1 (ROM).
+        let pieces = [(Gpa(4096 - 8), 8), (Gpa(4096), 8)];
+        assert!(!write_pieces(ram, &pieces, &[0xee; 16]), "refused");
+        let mut b = [0u8; 8];
+        assert!(mem.read(4096 - 8, &mut b));
+        assert_eq!(b, [0x11; 8], "the RAM piece is as it was");
+        // Both pieces RAM: written.
+        let pieces = [(Gpa(8), 8), (Gpa(16), 8)];
+        assert!(write_pieces(ram, &pieces, &[0xee; 16]));
+        let mut b = [0u8; 16];
+        assert!(mem.read(8, &mut b));
+        assert_eq!(b, [0xee; 16]);
+    }
+
     use super::*;
     use crate::machine::Arch;
     use crate::vcpu::TestCounting;
@@ -1123,6 +1188,29 @@ mod tests {
     /// `amd_is_valid_msr` claims the K7 range whenever the PMU exists, and
     /// `amd_pmu_get_msr` / `amd_pmu_set_msr` find no counter); they read 0
     /// only on a vCPU whose PMU does not claim them.
+    /// An overflow that a refused PMU WRMSR's sync finds raises its PMI
+    /// all the same (the write #GPs; the overflow happened before it).
+    #[test]
+    fn a_refused_pmu_wrmsr_still_delivers_the_overflow_its_sync_found() {
+        let vm = crate::Vm::new(crate::VmConfig::new(Arch::X86_64, 1, false).unwrap());
+        let vcpu = vm.create_vcpu(0).unwrap();
+        let v = vcpu.x86().unwrap();
+        let c = TestCounting::new(Counting::default());
+        v.setup(0, 0, PMU_INTEL, c.ptr());
+        // PMC0: kernel instructions with INT, 3 from the wrap.
+        let sel = pmu::evtsel::EN | pmu::evtsel::OS | pmu::evtsel::INT | 0xc0;
+        assert_eq!(v.wrmsr(0x186, sel), Route::Handled(()));
+        assert_eq!(v.wrmsr(0xc1, 0xffff_fffd), Route::Handled(()));
+        assert_eq!(v.wrmsr(0x38f, 1), Route::Handled(()));
+        assert_eq!(c.get().pmi, 0);
+        // Four instructions retire (the budget's 3 and one more, a block
+        // that ended past the wrap), then a reserved bit of FIXED_CTR_CTRL.
+        c.update(|c| c.events[1] += 4);
+        assert_eq!(v.wrmsr(0x38d, 1 << 63), Route::Fault);
+        assert_eq!(c.get().pmi, 1, "the overflow's PMI");
+        assert_eq!(v.rdmsr(0x38e), Route::Handled(1), "GLOBAL_STATUS");
+    }
+
     #[test]
     fn a_pebs_overflow_writes_its_record_through_the_vcpus_paging_and_reloads() {
         use crate::memory::tests::FakeRam;
