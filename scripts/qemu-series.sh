@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The QEMU series (qemu-patches/) as a git repository and back: edit the
+# series as commits (fixups, rebases, rewording), then write it out again
+# as `git format-patch` files (docs/building.md, "Working on the series").
+#
+#   scripts/qemu-series.sh import DIR   DIR: a new git repository holding
+#                                       the orig tarball as the commit
+#                                       tagged `upstream`, then one commit
+#                                       per qemu-patches/*.patch
+#   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
+#                                       after `upstream` (format-patch)
+#
+# Not part of the build: scripts/build-qemu.sh applies qemu-patches/ with
+# patch(1), which reads format-patch files as they are.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+cmd=${1:-}
+dir=${2:-}
+[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export DIR"
+patches_dir="$RUSTKVM_ROOT/qemu-patches"
+
+case "$cmd" in
+import)
+    step "import qemu-patches/ into $dir"
+    [ ! -e "$dir" ] || die "$dir exists"
+    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+    [ -n "$orig" ] || die "no QEMU orig tarball in $RUSTKVM_CACHE/src (run scripts/build-qemu.sh once)"
+    ver=$(basename "$orig" | sed -E 's/^qemu_([0-9.]+)\+ds\.orig\.tar\.xz$/\1/')
+    mkdir -p "$dir"
+    tar --no-same-owner -C "$dir" --strip-components=1 -xf "$orig"
+    git -C "$dir" init -q
+    git -C "$dir" -c core.autocrlf=false add -A -f
+    GIT_AUTHOR_DATE=2000-01-01T00:00:00Z GIT_COMMITTER_DATE=2000-01-01T00:00:00Z \
+        git -C "$dir" -c user.name=upstream -c user.email=upstream@invalid \
+        commit -q -m "QEMU $ver ($(basename "$orig"))"
+    git -C "$dir" tag upstream
+    for p in "$patches_dir"/*.patch; do
+        # The patch's author, date, subject and message: its mail header
+        # (format-patch), or else the text before its first diff.
+        python3 - "$p" "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env" <<'EOF'
+import re, subprocess, sys
+path, msg_out, env_out = sys.argv[1:4]
+text = open(path, encoding='utf-8').read()
+head = re.split(r'^(?:---\n|diff --git )', text, maxsplit=1, flags=re.M)[0]
+author, date, subject, body = None, None, None, head
+if re.match(r'^(From [0-9a-f]{40} |From: )', head):
+    lines = head.split('\n')
+    hdr = {}
+    i, key = 0, None
+    while i < len(lines) and lines[i] != '':
+        l = lines[i]
+        if l.startswith((' ', '\t')) and key:
+            hdr[key] += ' ' + l.strip()
+        elif ': ' in l:
+            key, val = l.split(': ', 1)
+            hdr[key] = val
+        i += 1
+    author = hdr.get('From')
+    date = hdr.get('Date')
+    subject = re.sub(r'^\[PATCH[^\]]*\]\s*', '', hdr.get('Subject', ''))
+    body = '\n'.join(lines[i + 1:])
+body = body.strip('\n')
+if not subject:
+    para = body.split('\n\n', 1)
+    subject = ' '.join(para[0].split())
+    body = para[1].strip('\n') if len(para) > 1 else ''
+    # a long first paragraph: its first sentence is the subject
+    m = re.match(r'^(.{10,}?[.:])\s+(\S.*)$', subject)
+    if len(subject) > 72 and m:
+        import textwrap
+        rest = textwrap.fill(m.group(2), 72, break_on_hyphens=False)
+        subject = m.group(1).rstrip('.:')
+        body = rest + ('\n\n' + body if body else '')
+if not date:
+    # when the patch came into this repository
+    import os
+    added = subprocess.run(['git', 'log', '--diff-filter=A', '--format=%aI', '--', path],
+                           cwd=os.path.dirname(path), capture_output=True,
+                           text=True).stdout.split()
+    date = added[-1] if added else '2026-11-01T00:00:00Z'
+author = author or 'rustkvm maintainers <maintainers@users.noreply.a-seed-bdf2a2de.example>'
+name, email = re.match(r'^(.*?)\s*<(.*)>$', author).groups()
+if 'Signed-off-by:' not in body:
+    body = (body + '\n\n' if body else '') + f'Signed-off-by: {author}'
+open(msg_out, 'w').write(subject + '\n\n' + body + '\n')
+with open(env_out, 'w') as f:
+    for k, v in (('GIT_AUTHOR_NAME', name), ('GIT_AUTHOR_EMAIL', email),
+                 ('GIT_AUTHOR_DATE', date), ('GIT_COMMITTER_NAME', name),
+                 ('GIT_COMMITTER_EMAIL', email), ('GIT_COMMITTER_DATE', date)):
+        f.write(f"export {k}='{v}'\n")
+EOF
+        patch -d "$dir" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null \
+            || die "$(basename "$p") does not apply"
+        git -C "$dir" add -A -f
+        # shellcheck disable=SC1091
+        (. "$dir/.git/rustkvm-env" && git -C "$dir" commit -q --allow-empty -F .git/rustkvm-msg)
+    done
+    rm -f "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env"
+    ok "$(git -C "$dir" rev-list --count upstream..HEAD) commits on QEMU $ver in $dir"
+    ;;
+export)
+    step "export $dir's commits after upstream to qemu-patches/"
+    git -C "$dir" rev-parse -q --verify upstream >/dev/null || die "$dir has no upstream tag"
+    out=$(mktemp -d)
+    git -C "$dir" format-patch -q --zero-commit --no-signature --abbrev=12 \
+        -o "$out" upstream..HEAD
+    rm -f "$patches_dir"/*.patch
+    mv "$out"/*.patch "$patches_dir"/
+    rmdir "$out"
+    ok "$(ls "$patches_dir"/*.patch | wc -l) patches in qemu-patches/"
+    ;;
+*) die "unknown command $cmd (import or export)" ;;
+esac
