@@ -35,8 +35,8 @@ mod pebs {
     use core::arch::asm;
     use guest::arch::{self, set_lapic_reg};
     use guest::x86_pmu::{
-        popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL,
-        GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES, PMC0, SVR,
+        popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL,
+        GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES, PMC0, SVR,
     };
     use guest::{Backend, Test};
 

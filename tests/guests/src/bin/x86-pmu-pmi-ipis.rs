@@ -58,8 +58,8 @@ fn main(t: &mut Test) {
     use core::sync::atomic::Ordering;
     use guest::arch::{self, nmis, set_lapic_reg};
     use guest::x86_pmu::{
-        nop_sled, wr, EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_OVF_CTRL, INT, LVTPC,
-        LVT_NMI, OS, PMC0, SVR, USR,
+        nop_sled, wr, EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_OVF_CTRL, INT, LVTPC, LVT_NMI, OS, PMC0,
+        SVR, USR,
     };
     use guest::Tolerance;
 

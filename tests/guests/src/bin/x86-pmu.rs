@@ -34,9 +34,9 @@ mod pmu {
     use core::arch::asm;
     use guest::arch::{self, lapic_reg, nmis, set_lapic_reg};
     use guest::x86_pmu::{
-        branch_loop, counted_loop, nop_sled, popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
-        GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, PMC0,
-        SVR, USR,
+        branch_loop, counted_loop, nop_sled, popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0,
+        FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED,
+        LVT_NMI, OS, PMC0, SVR, USR,
     };
     use guest::{Test, Tolerance};
     /// What hardware (the `kvm` backend) may add to a count around the
