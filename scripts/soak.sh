@@ -2,7 +2,7 @@
 # The soak (docs/testing.md "Soak"): an 8-vCPU x86 guest and an 8-vCPU
 # arm64 guest at once under `-accel rustkvm,thread=multi` for MINUTES, every
 # vCPU reading its PMU counters, clocks (TSC and kvmclock / CNTVCT) and steal
-# time and checking none goes backwards, while the host polls query-rustkvm
+# time and checking none goes backwards, while the host polls x-query-rustkvm
 # at 50 Hz and stops/continues and migrates each VM to a file every few
 # seconds. Prints a summary; exit status 1 on any violation, crash, QMP
 # error, guest failure or stall.

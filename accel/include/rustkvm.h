@@ -700,7 +700,7 @@ void rustkvm_arm_pmu_save(RustkvmVcpu *vcpu, uint64_t *regs);
 void rustkvm_arm_pmu_load(RustkvmVcpu *vcpu, const uint64_t *regs);
 
 /*
- * query-rustkvm (QMP) and info rustkvm (HMP): what one vCPU reports, the
+ * x-query-rustkvm (QMP) and info rustkvm (HMP): what one vCPU reports, the
  * same shape under backend=tcg (from the models) and backend=kvm (QEMU reads
  * KVM's state and Rust decodes it with the same rules). Call on the vCPU's
  * thread (run_on_cpu).

@@ -887,7 +887,7 @@ fn fill_info(i: &info::VcpuInfo, out: &mut header::RustkvmVcpuInfo) {
     out.n_timer = n;
 }
 
-/// An x86 vCPU's `query-rustkvm` report.
+/// An x86 vCPU's `x-query-rustkvm` report.
 ///
 /// # Safety
 /// `vcpu` is NULL or a live handle; `msrs`, `cpuid` and `out` are NULL or
@@ -931,7 +931,7 @@ pub unsafe extern "C" fn rustkvm_arm_pvtime_ipa(vcpu: *mut RustkvmVcpu) -> u64 {
     unsafe { arm_ref(vcpu) }.map_or(0, |v| v.pvtime_ipa())
 }
 
-/// An arm64 vCPU's `query-rustkvm` report.
+/// An arm64 vCPU's `x-query-rustkvm` report.
 ///
 /// # Safety
 /// `vcpu` is NULL or a live handle; `timers` is NULL or 4 readable values;

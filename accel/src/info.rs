@@ -1,4 +1,4 @@
-//! What `query-rustkvm` (QMP) and `info rustkvm` (HMP) report for a vCPU:
+//! What `x-query-rustkvm` (QMP) and `info rustkvm` (HMP) report for a vCPU:
 //! one shape for both backends.
 //!
 //! Under `backend=tcg` the values come from rustkvm's models; under

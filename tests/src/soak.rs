@@ -2,7 +2,7 @@
 //! on 8 vCPUs under `-accel rustkvm` with MTTCG, one VM per architecture at
 //! the same time, for MINUTES, while the host
 //!
-//! - polls `query-rustkvm` over QMP at 50 Hz, checking each reply against
+//! - polls `x-query-rustkvm` over QMP at 50 Hz, checking each reply against
 //!   the documented schema (docs/introspection.md) and that what it shows
 //!   never goes backwards either (steal-ns, counting PMU counters, x86's
 //!   TSC);
@@ -38,7 +38,7 @@ use crate::run::{self, Capture, Status};
 pub struct Config {
     /// How long the VMs run before they are told to stop.
     pub duration: Duration,
-    /// Between two `query-rustkvm` polls (50 Hz).
+    /// Between two `x-query-rustkvm` polls (50 Hz).
     pub poll_every: Duration,
     /// Between the end of one stop/cont or migration and the next (they
     /// alternate).
@@ -74,7 +74,7 @@ pub struct Report {
     /// Reads per vCPU the guest reported at the end (its last progress
     /// line if it never got there).
     pub reads: Vec<u64>,
-    /// `query-rustkvm` replies received and checked.
+    /// `x-query-rustkvm` replies received and checked.
     pub polls: u64,
     /// Their total and longest round-trip time.
     pub poll_time: Duration,
@@ -90,7 +90,7 @@ pub struct Report {
     pub migrations: u64,
     /// Backwards steps the guest counted.
     pub guest_violations: u64,
-    /// Backwards steps seen in `query-rustkvm` replies.
+    /// Backwards steps seen in `x-query-rustkvm` replies.
     pub host_violations: u64,
     /// QEMU ended other than by the guest's exit when told.
     pub crashes: u64,
@@ -101,7 +101,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// Mean `query-rustkvm` round trip.
+    /// Mean `x-query-rustkvm` round trip.
     pub fn poll_mean(&self) -> Duration {
         self.poll_time / u32::try_from(self.polls.max(1)).unwrap_or(u32::MAX)
     }
@@ -188,7 +188,7 @@ fn array<'a>(v: &'a Value, key: &str, at: &str) -> Result<&'a Vec<Value>, String
         .ok_or_else(|| format!("{at}.{key}: not an array"))
 }
 
-/// Check a `query-rustkvm` reply (its `return`) against the schema
+/// Check a `x-query-rustkvm` reply (its `return`) against the schema
 /// (`qapi/rustkvm.json`, docs/introspection.md) for an `arch` VM of
 /// `vcpus` vCPUs under `backend=tcg`.
 pub fn check_reply(arch: Arch, vcpus: usize, r: &Value) -> Result<(), String> {
@@ -291,7 +291,7 @@ pub fn check_reply(arch: Arch, vcpus: usize, r: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// What the host sees in `query-rustkvm` replies that must not go
+/// What the host sees in `x-query-rustkvm` replies that must not go
 /// backwards between two polls: a vCPU's steal-ns (same structure, while
 /// enabled), a PMU counter's value (same config, counting in both), x86's
 /// guest TSC. The guest writes none of them after setting them up.
@@ -330,7 +330,7 @@ impl HostWatch {
             if let Some(&(k, before)) = self.last.get(&(cpu, what.clone())) {
                 if k == key && value < before {
                     backwards.push(format!(
-                        "query-rustkvm: vCPU {cpu} {what} went backwards: {before} then {value}"
+                        "x-query-rustkvm: vCPU {cpu} {what} went backwards: {before} then {value}"
                     ));
                 }
             }
@@ -549,13 +549,13 @@ impl Vm {
                 return;
             }
             let asked = Instant::now();
-            if let Some(r) = self.command("query-rustkvm", None) {
+            if let Some(r) = self.command("x-query-rustkvm", None) {
                 let took = asked.elapsed();
                 self.report.polls += 1;
                 self.report.poll_time += took;
                 self.report.poll_max = self.report.poll_max.max(took);
                 if let Err(why) = check_reply(self.arch, vcpus, &r) {
-                    self.fail(format!("query-rustkvm reply: {why}"));
+                    self.fail(format!("x-query-rustkvm reply: {why}"));
                 }
                 for b in watch.see(&r) {
                     self.report.host_violations += 1;

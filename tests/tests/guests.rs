@@ -1345,7 +1345,7 @@ fn arm64_pmuv3_counts_exactly_without_icount_under_rustkvm_only() {
 struct Introspection {
     /// The guest's `measure` lines.
     measures: std::collections::BTreeMap<String, String>,
-    /// `query-rustkvm`'s return value.
+    /// `x-query-rustkvm`'s return value.
     query: serde_json::Value,
     /// `info rustkvm`'s text.
     hmp: String,
@@ -1401,8 +1401,8 @@ fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection 
     let mut qmp =
         rustkvm_tests::qmp::Qmp::connect(&sock, Duration::from_secs(10)).expect("QMP socket");
     let query = qmp
-        .execute("query-rustkvm", None)
-        .unwrap_or_else(|e| panic!("{arch}/{backend}: query-rustkvm: {e}"));
+        .execute("x-query-rustkvm", None)
+        .unwrap_or_else(|e| panic!("{arch}/{backend}: x-query-rustkvm: {e}"));
     let hmp = qmp
         .hmp("info rustkvm")
         .unwrap_or_else(|e| panic!("{arch}/{backend}: info rustkvm: {e}"));
@@ -1434,7 +1434,7 @@ fn introspect(arch: Arch, backend: Backend, cpu: Option<&str>) -> Introspection 
     }
 }
 
-/// The shape of a `query-rustkvm` answer: every key path, arrays by their
+/// The shape of a `x-query-rustkvm` answer: every key path, arrays by their
 /// first element, PMU counter and timer names left out (hardware differs).
 fn schema(v: &serde_json::Value, path: &str, out: &mut std::collections::BTreeSet<String>) {
     match v {
@@ -1458,7 +1458,7 @@ fn hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex measure")
 }
 
-/// query-rustkvm returns what the guest set, on every backend, in one
+/// x-query-rustkvm returns what the guest set, on every backend, in one
 /// schema: steal time and kvmclock GPAs and enables, the armed timer, the
 /// counting PMU counter (exact instruction counts are the PMU tests' job:
 /// here it must be enabled and have counted).
@@ -2024,7 +2024,7 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
     stdin.write_all(b"a").expect("serial");
     stdin.flush().expect("serial");
     assert!(serial_until(&mut lines, "added", &mut log), "{log}");
-    let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+    let q = qmp.cmd("x-query-rustkvm", serde_json::json!({}));
     assert_eq!(
         q["return"]["vcpus"].as_array().map(Vec::len),
         Some(2),
@@ -2044,7 +2044,7 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
     qmp.event("DEVICE_DELETED", "/machine/peripheral/cpu1/lapic");
     let cpus = qmp.cmd("query-cpus-fast", serde_json::json!({}));
     assert_eq!(cpus["return"].as_array().map(Vec::len), Some(1), "{cpus}");
-    let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+    let q = qmp.cmd("x-query-rustkvm", serde_json::json!({}));
     assert_eq!(
         q["return"]["vcpus"].as_array().map(Vec::len),
         Some(1),
@@ -2078,7 +2078,7 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
 /// registered: after the reset its steal-time/kvmclock/wall-clock areas
 /// (x86) and PV time structure (arm64, until it asks again) are not
 /// written, the MSRs read 0, and the PMU timer a cycle counter armed
-/// before the reboot is disarmed (query-rustkvm's `pmu-timer`).
+/// before the reboot is disarmed (x-query-rustkvm's `pmu-timer`).
 #[test]
 fn a_reboot_forgets_what_the_guest_registered() {
     use std::io::{BufRead, BufReader, Write};
@@ -2123,7 +2123,7 @@ fn a_reboot_forgets_what_the_guest_registered() {
         );
         let mut qmp = Qmp::connect(&sock);
         let pmu_timer = |qmp: &mut Qmp| {
-            let q = qmp.cmd("query-rustkvm", serde_json::json!({}));
+            let q = qmp.cmd("x-query-rustkvm", serde_json::json!({}));
             q["return"]["vcpus"][0]["timer"]
                 .as_array()
                 .and_then(|a| a.iter().find(|r| r["name"] == "pmu-timer"))

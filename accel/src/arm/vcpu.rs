@@ -265,7 +265,7 @@ impl<'a> Arm<'a> {
         });
     }
 
-    /// What `query-rustkvm` reports for the vCPU: the PMU and PV time from
+    /// What `x-query-rustkvm` reports for the vCPU: the PMU and PV time from
     /// the models, the structure's bytes as read from guest memory (None if
     /// unread), QEMU's timer registers.
     pub fn info(

@@ -840,7 +840,7 @@ impl<'a> X86<'a> {
         self.x.pv_unhalt.swap(false, Ordering::AcqRel)
     }
 
-    /// The PMU this vCPU has, for `query-rustkvm`.
+    /// The PMU this vCPU has, for `x-query-rustkvm`.
     pub fn pmu_shape(&self) -> crate::info::X86PmuShape {
         self.local(|l| crate::info::X86PmuShape::from_config(l.pmu.config))
     }

@@ -2,7 +2,7 @@
 //! docs/testing.md "Soak"). Boots the `soak` guest on 8 vCPUs under
 //! `-accel rustkvm` with MTTCG for each architecture (default: x86_64 and
 //! aarch64, at the same time), stops/continues and migrates each VM to a
-//! file every few seconds, polls `query-rustkvm` at 50 Hz, and after
+//! file every few seconds, polls `x-query-rustkvm` at 50 Hz, and after
 //! MINUTES tells the guests to stop. Prints a summary; exit status 0 only
 //! with no violation, crash or other failure.
 
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
     let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
         "rustkvm-soak: {minutes} min, {} at once, {} vCPUs each, MTTCG on {host_cpus} host CPUs; \
-         query-rustkvm every {} ms, stop/cont and migration to a file alternating every {} s",
+         x-query-rustkvm every {} ms, stop/cont and migration to a file alternating every {} s",
         arches
             .iter()
             .map(|a| a.name())
@@ -123,7 +123,7 @@ fn summarize(minutes: f64, elapsed: Duration, reports: &[(Arch, Report)]) -> Exi
         println!(
             "  {arch}: {} — reads {} (per vCPU {}), stop/cont cycles {}, migrations {} \
              (mean {} ms, max {} ms), QMP polls {} ({:.1}/s; round trip mean {} ms, max {} ms), \
-             violations {} (guest {}, query-rustkvm {}), crashes {}, failures {}",
+             violations {} (guest {}, x-query-rustkvm {}), crashes {}, failures {}",
             if r.passed() { "PASS" } else { "FAIL" },
             r.total_reads(),
             per_vcpu.join(","),

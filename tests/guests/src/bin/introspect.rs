@@ -1,6 +1,6 @@
 //! rustkvm-test: arch=x86_64,aarch64 compare=off matrix=off timeout=60
 //!
-//! A guest for `query-rustkvm`: it turns on what the introspection reports
+//! A guest for `x-query-rustkvm`: it turns on what the introspection reports
 //! — steal time (x86 MSR_KVM_STEAL_TIME / arm64 PV_TIME_ST), kvmclock (x86),
 //! a PMU counter counting retired instructions where there is a PMU, a
 //! timer armed far in the future (x86 TSC deadline / arm64 virtual timer) —

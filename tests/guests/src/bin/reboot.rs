@@ -14,7 +14,7 @@
 //! (`thread=single`: steal accrues). Both arm a cycle counter's overflow
 //! interrupt (x86: PMC1 from 0, 2^48 cycles ahead; arm64: the 64-bit cycle
 //! counter 60 s ahead), so QEMU's PMU timer is armed (the host checks with
-//! query-rustkvm), say `armed`, wait for the host, and reset the machine
+//! x-query-rustkvm), say `armed`, wait for the host, and reset the machine
 //! (x86: port 0xcf9; arm64: PSCI SYSTEM_RESET).
 //!
 //! Second boot: the MSRs read 0 (including the VM's wall clock MSR: QEMU
