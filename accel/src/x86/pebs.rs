@@ -407,7 +407,10 @@ impl Pebs {
         if end > max {
             return Err(Dropped::Full);
         }
-        let applicable = (overflowed | c.bit()) & self.regs.enable;
+        // The counters were PEBS-enabled when they overflowed (the caller
+        // collects only those): a PEBS_ENABLE write since, in the WRMSR
+        // whose sync found the overflow, does not unname them.
+        let applicable = overflowed | c.bit();
         if !mem.write(index, &Self::record(groups, applicable, s)) {
             return Err(Dropped::Buffer(index));
         }
@@ -434,13 +437,15 @@ impl Pebs {
             counters,
             regs: PebsRegs::default(),
         };
-        if !enabled {
-            return;
-        }
-        self.regs.enable = regs.enable & counters;
-        self.regs.data_cfg = regs.data_cfg & data_cfg::VALID;
-        if canonical(regs.ds_area) {
-            self.regs.ds_area = regs.ds_area;
+        for (index, value) in [
+            (MSR_IA32_PEBS_ENABLE, regs.enable),
+            (MSR_PEBS_DATA_CFG, regs.data_cfg),
+            (MSR_IA32_DS_AREA, regs.ds_area),
+        ] {
+            // A value KVM's KVM_SET_MSRS would refuse (reserved bits for
+            // this vCPU) is dropped whole, as `Pmu::load` drops its own;
+            // without PEBS every one is.
+            let _ = self.write_msr(index, value);
         }
     }
 }
@@ -617,6 +622,19 @@ mod tests {
         assert_eq!(m.get(DS + ds::INDEX), BUF + 208);
     }
 
+    /// The WRMSR whose sync finds an overflow may clear PEBS_ENABLE: the
+    /// record, owed from before it, still names the counter.
+    #[test]
+    fn a_record_owed_before_pebs_enable_is_cleared_names_its_counter() {
+        let mut p = on();
+        p.write_msr(MSR_IA32_PEBS_ENABLE, 0b1).unwrap();
+        let mut m = ds_area(4096);
+        p.write_msr(MSR_IA32_PEBS_ENABLE, 0).unwrap();
+        p.overflow(&mut m, Counter::Gp(0), false, 0b1, &sample())
+            .unwrap();
+        assert_eq!(m.get(BUF + 16), 0b1, "PMC0 named");
+    }
+
     #[test]
     fn hostile_ds_areas_get_no_record_and_no_stray_write() {
         let mut p = on();
@@ -657,7 +675,7 @@ mod tests {
     }
 
     #[test]
-    fn saved_registers_come_back_filtered_as_host_writes() {
+    fn saved_registers_come_back_as_host_writes_kvm_would_take() {
         let mut p = on();
         p.write_msr(MSR_IA32_PEBS_ENABLE, 0b1).unwrap();
         p.write_msr(MSR_PEBS_DATA_CFG, 0xf).unwrap();
@@ -665,18 +683,26 @@ mod tests {
         let mut q = Pebs::new(true, 8, 4);
         q.load(&saved);
         assert_eq!(q, p);
+        // Values with bits this vCPU reserves are dropped whole (not
+        // masked), as KVM refuses them; the others load.
         let mut small = Pebs::new(true, 2, 3);
         small.load(&PebsRegs {
             enable: 0xff,
             data_cfg: 0xffff,
             ds_area: 0x8000_0000_0000,
         });
+        assert_eq!(small.save(), PebsRegs::default());
+        small.load(&PebsRegs {
+            enable: 0b10,
+            data_cfg: 0x3,
+            ds_area: 0x1000,
+        });
         assert_eq!(
             small.save(),
             PebsRegs {
-                enable: 0b11,
-                data_cfg: 0xf,
-                ds_area: 0
+                enable: 0b10,
+                data_cfg: 0x3,
+                ds_area: 0x1000
             }
         );
         let mut off = Pebs::new(false, 8, 4);
