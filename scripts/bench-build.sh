@@ -29,7 +29,7 @@ done
 QDIR="$RUSTKVM_CACHE/qemu"
 orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
 [ -n "$orig" ] || die "no QEMU source yet (run scripts/build-qemu.sh once)"
-key=$( { basename "$orig"; cat "$RUSTKVM_ROOT"/qemu-patches/*.patch; } | sha256sum | cut -d' ' -f1)
+key=$( { basename "$orig"; cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; } | sha256sum | cut -d' ' -f1)
 [ "$(cat "$QDIR/src.key" 2>/dev/null)" = "$key" ] \
     || die "$QDIR/src is patched with another qemu-patches/ than this clone's: building here would re-patch the shared source tree"
 # The main build first (as scripts/build-qemu.sh always does: source patched,

@@ -61,7 +61,9 @@ esac
 
 # ---------------------------------------------------------------- patches
 step "apply qemu-patches/*.patch"
-patches=("$RUSTKVM_ROOT"/qemu-patches/*.patch)
+# Debian's own build fixes for its blob-less tarball first (not part of
+# the series), then the series.
+patches=("$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch)
 key=$( { basename "$orig"; cat "${patches[@]}"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$QSRC.key" 2>/dev/null)" != "$key" ]; then
     tmp="$QSRC.new"

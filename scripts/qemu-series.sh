@@ -5,10 +5,12 @@
 #
 #   scripts/qemu-series.sh import DIR   DIR: a new git repository holding
 #                                       the orig tarball as the commit
-#                                       tagged `upstream`, then one commit
+#                                       tagged `upstream`, Debian's build
+#                                       fixes (qemu-patches/debian/) as the
+#                                       commit tagged `base`, then one commit
 #                                       per qemu-patches/*.patch
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
-#                                       after `upstream` (format-patch)
+#                                       after `base` (format-patch)
 #
 # Not part of the build: scripts/build-qemu.sh applies qemu-patches/ with
 # patch(1), which reads format-patch files as they are.
@@ -35,7 +37,8 @@ import)
         git -C "$dir" -c user.name=upstream -c user.email=upstream@invalid \
         commit -q -m "QEMU $ver ($(basename "$orig"))"
     git -C "$dir" tag upstream
-    for p in "$patches_dir"/*.patch; do
+    debian=("$patches_dir"/debian/*.patch)
+    for p in "${debian[@]}" "$patches_dir"/*.patch; do
         # The patch's author, date, subject and message: its mail header
         # (format-patch), or else the text before its first diff.
         python3 - "$p" "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env" <<'EOF'
@@ -95,16 +98,19 @@ EOF
         git -C "$dir" add -A -f
         # shellcheck disable=SC1091
         (. "$dir/.git/rustkvm-env" && git -C "$dir" commit -q --allow-empty -F .git/rustkvm-msg)
+        if [ "$p" = "${debian[-1]}" ]; then
+            git -C "$dir" tag base
+        fi
     done
     rm -f "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env"
-    ok "$(git -C "$dir" rev-list --count upstream..HEAD) commits on QEMU $ver in $dir"
+    ok "$(git -C "$dir" rev-list --count base..HEAD) commits on QEMU $ver (and Debian's fixes) in $dir"
     ;;
 export)
-    step "export $dir's commits after upstream to qemu-patches/"
-    git -C "$dir" rev-parse -q --verify upstream >/dev/null || die "$dir has no upstream tag"
+    step "export $dir's commits after base to qemu-patches/"
+    git -C "$dir" rev-parse -q --verify base >/dev/null || die "$dir has no base tag"
     out=$(mktemp -d)
     git -C "$dir" format-patch -q --zero-commit --no-signature --abbrev=12 \
-        -o "$out" upstream..HEAD
+        -o "$out" base..HEAD
     rm -f "$patches_dir"/*.patch
     mv "$out"/*.patch "$patches_dir"/
     rmdir "$out"

@@ -423,7 +423,7 @@ fn arm64_pmu_counts_equal_the_plugins_over_faults_traps_and_interrupts() {
 /// Round-robin with 2 x86 vCPUs: stock QEMU 10.0 crashes there as soon as
 /// an inline per-instruction plugin is loaded (gen_plugin_u64_ptr multiplied
 /// the constant cpu_index of a non-parallel TB in place); rustkvm's build
-/// carries the fix (qemu-patches/0036).
+/// carries the fix (qemu-patches/0002).
 #[test]
 fn x86_pmu_oracle_round_robin_two_vcpus() {
     oracle(Arch::X86_64, RR_SMP2);
