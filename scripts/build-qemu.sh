@@ -31,18 +31,7 @@ else
     QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
 fi
 mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
-export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
-export CCACHE_MAXSIZE=5G
-# QEMU compiles with -g, and ccache then hashes the build directory unless told
-# not to: without this a fresh build directory never hits the cache.
-export CCACHE_NOHASHDIR=true
-# Meson gives the compiler absolute paths into the source tree: relative to
-# the cache, a private pair (RUSTKVM_QEMU_SRC=X/src, RUSTKVM_QEMU_BUILD=X/build)
-# compiles to the same hashes as the shared qemu/src + qemu/build and hits.
-export CCACHE_BASEDIR="$RUSTKVM_CACHE"
-# QEMU's configure pins CC=cc, so meson never adds ccache itself: use Debian's
-# ccache masquerade directory instead.
-export PATH="/usr/lib/ccache:$PATH"
+qemu_ccache_env
 
 # ---------------------------------------------------------------- source
 step "QEMU 10.0.x source from Debian (apt-get source qemu)"
@@ -103,15 +92,7 @@ cmp -s "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h" 
 
 # ---------------------------------------------------------------- configure
 CONFIGURE_ARGS=(
-    --target-list=x86_64-softmmu,aarch64-softmmu
-    --without-default-features
-    --enable-system --disable-user --disable-tools
-    --enable-tcg --enable-kvm --enable-plugins
-    --enable-capstone --enable-slirp --enable-fdt=system
-    --enable-virtfs --enable-attr
-    --disable-docs --disable-install-blobs --disable-download
-    --python=/usr/bin/python3
-    --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu
+    "${QEMU_CONFIGURE_ARGS[@]}"
     "-Drustkvm_lib=$lib_dst"
 )
 if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then

@@ -297,3 +297,35 @@ bench_rustkvm_run() {
         --arch "$1" --backend "$2" --variant default "$3"
     bench_expect "^$3/$1/default +PASS"
 }
+
+# The compiler cache every QEMU build here shares (build-qemu.sh,
+# build-qemu-series.sh).
+qemu_ccache_env() {
+    export CCACHE_DIR="$RUSTKVM_CACHE/ccache"
+    export CCACHE_MAXSIZE=5G
+    # QEMU compiles with -g, and ccache then hashes the build directory
+    # unless told not to: without this a fresh build directory never hits.
+    export CCACHE_NOHASHDIR=true
+    # Meson gives the compiler absolute paths into the source tree: relative
+    # to the cache, a pair X/src + X/build (RUSTKVM_QEMU_SRC, _BUILD, the
+    # series prefixes) compiles to the same hashes as qemu/src + qemu/build.
+    export CCACHE_BASEDIR="$RUSTKVM_CACHE"
+    # QEMU's configure pins CC=cc, so meson never adds ccache itself: use
+    # Debian's ccache masquerade directory instead.
+    export PATH="/usr/lib/ccache:$PATH"
+}
+
+# QEMU's configure arguments for the two emulators rustkvm builds
+# (build-qemu.sh adds the library and sanitizers, build-qemu-series.sh the
+# library from the link patch on).
+QEMU_CONFIGURE_ARGS=(
+    --target-list=x86_64-softmmu,aarch64-softmmu
+    --without-default-features
+    --enable-system --disable-user --disable-tools
+    --enable-tcg --enable-kvm --enable-plugins
+    --enable-capstone --enable-slirp --enable-fdt=system
+    --enable-virtfs --enable-attr
+    --disable-docs --disable-install-blobs --disable-download
+    --python=/usr/bin/python3
+    --firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu
+)

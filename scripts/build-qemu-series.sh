@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build every prefix of the QEMU series (issue 19: each step of the series
+# must configure and build both emulators). Prefix k is the orig tarball with
+# Debian's fixes (qemu-patches/debian/) and patches 1..k; prefix 0 is QEMU
+# itself. One build directory is reused from prefix to prefix (incremental,
+# and ccache), so a run costs about what the changed files do.
+#
+#   scripts/build-qemu-series.sh [FIRST [LAST]]   default: every prefix
+#
+# Prints one line per prefix and a summary, exits 1 if any prefix failed;
+# logs in $RUSTKVM_CACHE/qemu-series/logs/. Prefixes that contain the link
+# patch (the one adding `-Drustkvm_lib`) build against this tree's Rust
+# library and ABI header, as build-qemu.sh does. Slow (minutes per prefix
+# whose patch touches a header many files include): not part of the test
+# command or CI. Record a full run's result in docs/building.md.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+top="$RUSTKVM_CACHE/qemu-series"
+repo="$top/src"   # X/src beside X/build: ccache hits (qemu_ccache_env)
+build="$top/build"
+logs="$top/logs"
+mkdir -p "$top" "$logs"
+qemu_ccache_env
+
+step "the series as commits ($repo)"
+key=$(cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
+    rm -rf "$repo" "$top/repo.key"
+    bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
+    # the whole series, whatever prefix is checked out later
+    git -C "$repo" tag series
+    echo "$key" >"$top/repo.key"
+fi
+mapfile -t commits < <(git -C "$repo" rev-list --reverse base..series)
+n=${#commits[@]}
+first=${1:-0}
+last=${2:-$n}
+[ "$first" -ge 0 ] && [ "$last" -le "$n" ] && [ "$first" -le "$last" ] \
+    || die "prefixes are 0..$n"
+ok "$n patches; building prefixes $first..$last"
+
+step "cargo build --release (rustkvm accelerator library)"
+(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+lib="$top/librustkvm_accel.a"
+cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
+    || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
+
+
+failed=0
+for k in $(seq "$first" "$last"); do
+    if [ "$k" -eq 0 ]; then rev=base; else rev=${commits[$((k - 1))]}; fi
+    subject=$(git -C "$repo" log -1 --format=%s "$rev")
+    git -C "$repo" checkout -q -f "$rev"
+    args=("${QEMU_CONFIGURE_ARGS[@]}")
+    if grep -q rustkvm_lib "$repo/meson_options.txt"; then
+        cp "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$repo/include/system/rustkvm.h"
+        args+=("-Drustkvm_lib=$lib")
+    else
+        rm -f "$repo/include/system/rustkvm.h"
+    fi
+    log="$logs/prefix-$(printf %04d "$k").log"
+    start=$(date +%s)
+    cfgkey=$(printf '%s\n' "${args[@]}" | sha256sum | cut -d' ' -f1)
+    verdict=OK
+    if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
+        rm -rf "$build"
+        mkdir -p "$build"
+        if (cd "$build" && "$repo/configure" "${args[@]}") >"$log" 2>&1; then
+            echo "$cfgkey" >"$build/configure.key"
+        else
+            verdict="FAIL (configure)"
+        fi
+    fi
+    if [ "$verdict" = OK ]; then
+        ninja -C "$build" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >>"$log" 2>&1 \
+            || verdict="FAIL ($(grep -m1 -E 'error:' "$log" | sed -E 's#^.*/(src|repo)/##' | cut -c1-100))"
+    fi
+    [ "$verdict" = OK ] || failed=$((failed + 1))
+    line=$(printf '%04d %-60.60s %s (%ds)' "$k" "$subject" "$verdict" $(( $(date +%s) - start )))
+    echo "$line"
+done
+git -C "$repo" checkout -q -f "${commits[$((n - 1))]}"
+echo "build-qemu-series: prefixes $first..$last: $(( last - first + 1 - failed )) built, $failed failed (logs: $logs)"
+[ "$failed" -eq 0 ]
