@@ -9,8 +9,8 @@
 #
 # Prints one line per prefix and a summary, exits 1 if any prefix failed;
 # logs in $RUSTKVM_CACHE/qemu-series/logs/. Prefixes that contain the link
-# patch (the one adding `-Drustkvm_lib`) build against this tree's Rust
-# library and ABI header, as build-qemu.sh does. Slow (minutes per prefix
+# patch (the one adding `-Drustkvm_lib` and the whole ABI header) link this
+# tree's Rust library, as build-qemu.sh does. Slow (minutes per prefix
 # whose patch touches a header many files include): not part of the test
 # command or CI. Record a full run's result in docs/building.md.
 set -euo pipefail
@@ -32,6 +32,8 @@ if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     git -C "$repo" tag series
     echo "$key" >"$top/repo.key"
 fi
+git -C "$repo" show series:include/system/rustkvm.h | cmp -s - "$RUSTKVM_ROOT/accel/include/rustkvm.h" \
+    || die "the series' include/system/rustkvm.h is not accel/include/rustkvm.h: run scripts/qemu-series.sh header"
 mapfile -t commits < <(git -C "$repo" rev-list --reverse base..series)
 n=${#commits[@]}
 first=${1:-0}
@@ -54,10 +56,7 @@ for k in $(seq "$first" "$last"); do
     git -C "$repo" checkout -q -f "$rev"
     args=("${QEMU_CONFIGURE_ARGS[@]}")
     if grep -q rustkvm_lib "$repo/meson_options.txt"; then
-        cp "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$repo/include/system/rustkvm.h"
         args+=("-Drustkvm_lib=$lib")
-    else
-        rm -f "$repo/include/system/rustkvm.h"
     fi
     log="$logs/prefix-$(printf %04d "$k").log"
     start=$(date +%s)

@@ -67,8 +67,7 @@ if [ "$(cat "$QSRC.key" 2>/dev/null)" != "$key" ]; then
     # Copy only what differs, so unchanged files keep their mtimes and ninja rebuilds
     # just what a patch touched.
     mkdir -p "$QSRC"
-    # (include/system/rustkvm.h is the Rust side's header, installed below.)
-    rsync -rlc --delete --exclude /include/system/rustkvm.h "$top/" "$QSRC/" \
+    rsync -rlc --delete "$top/" "$QSRC/" \
         || die "rsync into $QSRC failed"
     rm -rf "$tmp"
     echo "$key" > "$QSRC.key"
@@ -86,9 +85,10 @@ lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
 # Copy only on change: ninja relinks when this file's mtime moves.
 cmp -s "$lib_src" "$lib_dst" 2>/dev/null || cp "$lib_src" "$lib_dst"
 
-# The C view of the library's ABI; accel/build.rs checks it against the Rust side.
+# The C view of the library's ABI: accel/build.rs checks accel/include/rustkvm.h
+# against the Rust side, and the series' link patch carries a copy of it.
 cmp -s "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h" \
-    || cp "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h"
+    || die "the series' include/system/rustkvm.h is not accel/include/rustkvm.h: run scripts/qemu-series.sh header"
 
 # ---------------------------------------------------------------- configure
 CONFIGURE_ARGS=(

@@ -11,6 +11,11 @@
 #                                       per qemu-patches/*.patch
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
 #                                       after `base` (format-patch)
+#   scripts/qemu-series.sh header       the link patch's copy of the ABI
+#                                       header (include/system/rustkvm.h)
+#                                       := accel/include/rustkvm.h (import
+#                                       into a scratch repository, amend the
+#                                       patch that adds it, rebase, export)
 #
 # Not part of the build: scripts/build-qemu.sh applies qemu-patches/ with
 # patch(1), which reads format-patch files as they are.
@@ -19,8 +24,34 @@ set -euo pipefail
 
 cmd=${1:-}
 dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export DIR"
 patches_dir="$RUSTKVM_ROOT/qemu-patches"
+if [ "$cmd" = header ]; then
+    header="$RUSTKVM_ROOT/accel/include/rustkvm.h"
+    self="$RUSTKVM_ROOT/scripts/qemu-series.sh"
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    bash "$self" import "$scratch/series" >/dev/null
+    cd "$scratch/series"
+    branch=$(git symbolic-ref --short HEAD)
+    # the one commit that adds the header (later patches never touch it)
+    adds=$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm.h)
+    [ -n "$adds" ] && [ "$(git log --format=%H base..HEAD -- include/system/rustkvm.h | wc -l)" -eq 1 ] \
+        || die "the series must add include/system/rustkvm.h in one patch and never change it"
+    if git show "HEAD:include/system/rustkvm.h" | cmp -s - "$header"; then
+        ok "the series' include/system/rustkvm.h is accel/include/rustkvm.h already"
+        exit 0
+    fi
+    git -c advice.detachedHead=false checkout -q "$adds"
+    cp "$header" include/system/rustkvm.h
+    git add -f include/system/rustkvm.h
+    git -c user.name=rustkvm -c user.email=rustkvm@invalid commit -q --amend --no-edit
+    git -c user.name=rustkvm -c user.email=rustkvm@invalid rebase -q --onto HEAD "$adds" "$branch" \
+        || die "rebasing the series on the new header failed"
+    bash "$self" export "$scratch/series"
+    ok "\"$(git log -1 --format=%s "$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm.h)")\" now carries accel/include/rustkvm.h"
+    exit 0
+fi
+[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export DIR, or header"
 
 case "$cmd" in
 import)

@@ -6,8 +6,10 @@
  * This file is the single C view of the functions librustkvm_accel.a exports
  * (accel/src/ffi.rs). The Rust build runs bindgen over it and refuses to
  * compile when a declaration here and a Rust definition disagree, so the two
- * cannot drift. scripts/build-qemu.sh copies it into the QEMU tree as
- * include/system/rustkvm.h.
+ * cannot drift. The QEMU series carries a copy, include/system/rustkvm.h,
+ * whole in its link patch, so every step of the series builds against the
+ * final ABI (`scripts/qemu-series.sh header` refreshes that copy;
+ * scripts/build-qemu.sh refuses a tree whose copy differs from this file).
  *
  * Routing functions return a RUSTKVM_* result: UNHANDLED means "do what TCG
  * does", so a hook that Rust does not claim costs one call and changes
