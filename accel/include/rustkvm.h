@@ -791,6 +791,22 @@ typedef struct RustkvmX86PmuCpuid {
 } RustkvmX86PmuCpuid;
 
 /**
+ * Reads MSR `index` of the vCPU behind `opaque` (backend=kvm: KVM_GET_MSRS)
+ * into *value; false if it cannot.
+ */
+typedef bool (*RustkvmReadMsr)(void *opaque, uint32_t index, uint64_t *value);
+/**
+ * backend=kvm, an AMD guest (QEMU 10.0 does not read its PMU MSRs from KVM):
+ * read the PMU MSRs KVM holds for a guest with @cpuid -- which and where,
+ * as KVM's amd_pmu_refresh derives them -- with @read, into @msrs'
+ * pmu_evtsel, pmu_gp and pmu_global_*. All or nothing: when a read fails,
+ * @msrs is left as it was. Does nothing for an Intel guest or without a PMU.
+ */
+void rustkvm_x86_read_amd_pmu(const RustkvmX86PmuCpuid *cpuid,
+                              RustkvmReadMsr read, void *opaque,
+                              RustkvmX86Msrs *msrs);
+
+/**
  * An x86 vCPU's report from its MSRs (rustkvm_x86_save_msrs() under
  * backend=tcg; QEMU's synchronized CPUX86State under backend=kvm) and the
  * steal-time structure's 64 bytes (NULL if disabled or unreadable). The PMU's

@@ -887,6 +887,57 @@ fn fill_info(i: &info::VcpuInfo, out: &mut header::RustkvmVcpuInfo) {
     out.n_timer = n;
 }
 
+/// `header::RustkvmX86PmuCpuid` as the report's decoder takes it.
+fn pmu_cpuid(c: &header::RustkvmX86PmuCpuid) -> info::X86PmuCpuid {
+    info::X86PmuCpuid {
+        amd: c.amd,
+        pmu: c.pmu,
+        leaf_a: [c.leaf_a_eax, c.leaf_a_edx],
+        ext1_ecx: c.ext1_ecx,
+        ext22: [c.ext22_eax, c.ext22_ebx],
+    }
+}
+
+/// `backend=kvm`: an AMD guest's PMU MSRs, read from KVM through `read`
+/// (see `info::X86PmuCpuid::amd_pmu_msrs`), into `msrs`; all or nothing.
+///
+/// # Safety
+/// `cpuid` and `msrs` are NULL or valid; `read` is NULL or a function that
+/// is safe to call with `opaque`, any index and a valid `*mut u64`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_read_amd_pmu(
+    cpuid: *const header::RustkvmX86PmuCpuid,
+    read: header::RustkvmReadMsr,
+    opaque: *mut c_void,
+    msrs: *mut header::RustkvmX86Msrs,
+) {
+    // SAFETY: NULL or valid (caller contract).
+    let (Some(c), Some(read), Some(m)) =
+        (unsafe { cpuid.as_ref() }, read, unsafe { msrs.as_mut() })
+    else {
+        return;
+    };
+    let list = pmu_cpuid(c).amd_pmu_msrs();
+    let mut values = Vec::with_capacity(list.len());
+    for &(index, _) in &list {
+        let mut value = 0u64;
+        // SAFETY: `read` may be called with `opaque` and a valid pointer
+        // (caller contract); `value` is a live local.
+        if !unsafe { read(opaque, index, &mut value) } {
+            return;
+        }
+        values.push(value);
+    }
+    for (&(_, reg), value) in list.iter().zip(values) {
+        match reg {
+            info::AmdPmuReg::EventSelect(i) => m.pmu_evtsel[i] = value,
+            info::AmdPmuReg::Counter(i) => m.pmu_gp[i] = value,
+            info::AmdPmuReg::GlobalCtl => m.pmu_global_ctrl = value,
+            info::AmdPmuReg::GlobalStatus => m.pmu_global_status = value,
+        }
+    }
+}
+
 /// An x86 vCPU's `x-query-rustkvm` report.
 ///
 /// # Safety
@@ -909,13 +960,7 @@ pub unsafe extern "C" fn rustkvm_x86_info(
     let steal = unsafe { steal.cast::<[u8; 64]>().as_ref() };
     let shape = match (v, c) {
         (Some(v), _) => v.pmu_shape(),
-        (None, Some(c)) => info::X86PmuShape::from_cpuid(info::X86PmuCpuid {
-            amd: c.amd,
-            pmu: c.pmu,
-            leaf_a: [c.leaf_a_eax, c.leaf_a_edx],
-            ext1_ecx: c.ext1_ecx,
-            ext22: [c.ext22_eax, c.ext22_ebx],
-        }),
+        (None, Some(c)) => info::X86PmuShape::from_cpuid(pmu_cpuid(c)),
         (None, None) => info::X86PmuShape::default(),
     };
     fill_info(&info::x86(&saved_msrs(m), shape, steal), out);
@@ -1393,6 +1438,90 @@ mod tests {
     use super::*;
     use std::ffi::CStr;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fake KVM_GET_MSRS: MSR `index` reads as `index + 1`, except the
+    /// index `opaque` points at (if not 0), which fails.
+    unsafe extern "C" fn fake_rdmsr(opaque: *mut c_void, index: u32, value: *mut u64) -> bool {
+        // SAFETY: the tests pass a valid `*mut u32` and a valid `value`.
+        unsafe {
+            if *opaque.cast::<u32>() == index {
+                return false;
+            }
+            *value = u64::from(index) + 1;
+        }
+        true
+    }
+
+    #[test]
+    fn amd_pmu_msrs_read_through_the_c_abi_all_or_nothing() {
+        let cpuid = header::RustkvmX86PmuCpuid {
+            amd: true,
+            pmu: true,
+            leaf_a_eax: 0,
+            leaf_a_edx: 0,
+            ext1_ecx: 1 << 23,
+            ext22_eax: 1,
+            ext22_ebx: 6,
+        };
+        // SAFETY: plain integers and arrays: all zeroes is a valid value.
+        let mut msrs: header::RustkvmX86Msrs = unsafe { std::mem::zeroed() };
+        let mut fail_at: u32 = 0xc000_0300; // the last one read
+                                            // SAFETY: valid pointers; fake_rdmsr takes a `*mut u32` opaque.
+        unsafe {
+            rustkvm_x86_read_amd_pmu(
+                &cpuid,
+                Some(fake_rdmsr),
+                (&raw mut fail_at).cast(),
+                &mut msrs,
+            );
+        }
+        assert_eq!(
+            msrs.pmu_evtsel, [0; 8],
+            "a failed read leaves the MSRs as they were"
+        );
+        assert_eq!(msrs.pmu_global_ctrl, 0);
+        fail_at = 0;
+        // SAFETY: as above.
+        unsafe {
+            rustkvm_x86_read_amd_pmu(
+                &cpuid,
+                Some(fake_rdmsr),
+                (&raw mut fail_at).cast(),
+                &mut msrs,
+            );
+        }
+        assert_eq!(msrs.pmu_evtsel[0], 0xc001_0201);
+        assert_eq!(msrs.pmu_gp[0], 0xc001_0202);
+        assert_eq!(msrs.pmu_evtsel[5], 0xc001_020b);
+        assert_eq!(msrs.pmu_gp[5], 0xc001_020c);
+        assert_eq!(msrs.pmu_gp[6], 0, "six counters");
+        assert_eq!(msrs.pmu_global_ctrl, 0xc000_0302);
+        assert_eq!(msrs.pmu_global_status, 0xc000_0301);
+        // NULL pointers and an Intel guest: nothing happens
+        // SAFETY: NULL is allowed for every pointer.
+        unsafe {
+            rustkvm_x86_read_amd_pmu(
+                std::ptr::null(),
+                Some(fake_rdmsr),
+                std::ptr::null_mut(),
+                &mut msrs,
+            );
+            rustkvm_x86_read_amd_pmu(&cpuid, None, std::ptr::null_mut(), &mut msrs);
+            rustkvm_x86_read_amd_pmu(
+                &cpuid,
+                Some(fake_rdmsr),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            let intel = header::RustkvmX86PmuCpuid {
+                amd: false,
+                ..cpuid
+            };
+            let before = msrs.pmu_gp;
+            rustkvm_x86_read_amd_pmu(&intel, Some(fake_rdmsr), std::ptr::null_mut(), &mut msrs);
+            assert_eq!(msrs.pmu_gp, before);
+        }
+    }
 
     #[test]
     fn lifecycle_and_routing_through_the_c_abi() {

@@ -13,7 +13,10 @@
 
 use crate::arm::pmu::SAVED_REGS;
 use crate::arm::pvtime::layout as pvtime_layout;
-use crate::x86::pmu::{PmuConfig, Vendor};
+use crate::x86::pmu::{
+    PmuConfig, Vendor, MSR_AMD64_GLOBAL_CTL, MSR_AMD64_GLOBAL_STATUS, MSR_F15H_PERF_CTL0,
+    MSR_K7_EVNTSEL0, MSR_K7_PERFCTR0,
+};
 use crate::x86::steal::{layout as steal_layout, KVM_MSR_ENABLED, KVM_STEAL_VALID_BITS};
 use crate::x86::SavedMsrs;
 
@@ -23,6 +26,10 @@ const EVTSEL_EN: u64 = 1 << 22;
 const GLOBAL_CTRL_FIXED0: u32 = 32;
 /// kvmclock's MSR_KVM_SYSTEM_TIME_NEW enable bit (msr.rst).
 const PVCLOCK_ENABLE: u64 = 1;
+/// CPUID 0x80000001 ECX[23]: PerfCtrExtCore (APM vol. 3, CPUID Fn8000_0001).
+const PERFCTR_CORE: u32 = 1 << 23;
+/// CPUID 0x80000022 EAX[0]: PerfMonV2 (APM vol. 3, CPUID Fn8000_0022).
+const PERFMON_V2: u32 = 1;
 /// PMCR_EL0.E: counters enabled (Arm ARM D13.4.6).
 const PMCR_E: u64 = 1;
 /// Index of the cycle counter in the arm64 PMU's counter space.
@@ -134,10 +141,6 @@ impl X86PmuShape {
     /// from version 2) and `amd_pmu_refresh` (PerfMonV2: 0x80000022 EBX[3:0]
     /// counters, version 2; else 6 with PerfCtrExtCore, else 4; version 1).
     pub fn from_cpuid(c: X86PmuCpuid) -> X86PmuShape {
-        /// CPUID 0x80000001 ECX[23]: PerfCtrExtCore.
-        const PERFCTR_CORE: u32 = 1 << 23;
-        /// CPUID 0x80000022 EAX[0]: PerfMonV2.
-        const PERFMON_V2: u32 = 1;
         if !c.pmu {
             return X86PmuShape::default();
         }
@@ -170,6 +173,52 @@ impl X86PmuShape {
                 0
             },
         }
+    }
+}
+
+/// Where the value of one of an AMD guest's PMU MSRs goes in its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AmdPmuReg {
+    /// PerfEvtSel of GP counter `i`.
+    EventSelect(usize),
+    /// PerfCtr `i`.
+    Counter(usize),
+    /// PerfMonV2 PerfCntrGlobalCtl.
+    GlobalCtl,
+    /// PerfMonV2 PerfCntrGlobalStatus.
+    GlobalStatus,
+}
+
+impl X86PmuCpuid {
+    /// The PMU MSRs KVM holds for an AMD guest with this CPUID, in the order
+    /// to read them (`backend=kvm`: QEMU 10.0 does not read them itself):
+    /// per GP counter its select then its counter, at the PerfCtrExtCore
+    /// addresses (MSR_F15H_PERF_CTL0 + 2i, interleaved) when the guest has
+    /// that bit, else at the legacy K7 ones; then PerfMonV2's global control
+    /// and status. How many counters: [`X86PmuShape::from_cpuid`], as KVM's
+    /// `amd_pmu_refresh`. Empty for an Intel guest or one without a PMU.
+    pub fn amd_pmu_msrs(&self) -> Vec<(u32, AmdPmuReg)> {
+        let shape = X86PmuShape::from_cpuid(*self);
+        if shape.vendor != Some(Vendor::Amd) {
+            return Vec::new();
+        }
+        let core = self.ext1_ecx & PERFCTR_CORE != 0;
+        let mut msrs = Vec::with_capacity(2 * shape.gp + 2);
+        for i in 0..shape.gp {
+            let (select, counter) = if core {
+                let select = MSR_F15H_PERF_CTL0 + 2 * i as u32;
+                (select, select + 1)
+            } else {
+                (MSR_K7_EVNTSEL0 + i as u32, MSR_K7_PERFCTR0 + i as u32)
+            };
+            msrs.push((select, AmdPmuReg::EventSelect(i)));
+            msrs.push((counter, AmdPmuReg::Counter(i)));
+        }
+        if shape.version >= 2 {
+            msrs.push((MSR_AMD64_GLOBAL_CTL, AmdPmuReg::GlobalCtl));
+            msrs.push((MSR_AMD64_GLOBAL_STATUS, AmdPmuReg::GlobalStatus));
+        }
+        msrs
     }
 }
 
@@ -452,6 +501,51 @@ mod tests {
             }),
             X86PmuShape::from_config(PmuConfig::amd(true, true, 5))
         );
+    }
+
+    #[test]
+    fn amd_pmu_msrs_follow_kvms_layout() {
+        use AmdPmuReg::*;
+        let amd = X86PmuCpuid {
+            amd: true,
+            pmu: true,
+            ..X86PmuCpuid::default()
+        };
+        // legacy: four K7 counters, selects and counters in two banks
+        let legacy = amd.amd_pmu_msrs();
+        assert_eq!(legacy.len(), 8);
+        assert_eq!(legacy[0], (0xc001_0000, EventSelect(0)));
+        assert_eq!(legacy[1], (0xc001_0004, Counter(0)));
+        assert_eq!(legacy[7], (0xc001_0007, Counter(3)));
+        // PerfCtrExtCore: six, interleaved at 0xc0010200
+        let core = X86PmuCpuid {
+            ext1_ecx: 1 << 23,
+            ..amd
+        }
+        .amd_pmu_msrs();
+        assert_eq!(core.len(), 12);
+        assert_eq!(core[0], (0xc001_0200, EventSelect(0)));
+        assert_eq!(core[1], (0xc001_0201, Counter(0)));
+        assert_eq!(core[11], (0xc001_020b, Counter(5)));
+        // PerfMonV2: EBX[3:0] counters (at most 6) and the global pair
+        let v2 = X86PmuCpuid {
+            ext1_ecx: 1 << 23,
+            ext22: [1, 0xf],
+            ..amd
+        }
+        .amd_pmu_msrs();
+        assert_eq!(v2.len(), 14);
+        assert_eq!(v2[12], (0xc000_0301, GlobalCtl));
+        assert_eq!(v2[13], (0xc000_0300, GlobalStatus));
+        // none for Intel, or without pmu=on
+        assert!(X86PmuCpuid {
+            amd: false,
+            leaf_a: [0x0408_0802, 3],
+            ..amd
+        }
+        .amd_pmu_msrs()
+        .is_empty());
+        assert!(X86PmuCpuid { pmu: false, ..amd }.amd_pmu_msrs().is_empty());
     }
 
     #[test]

@@ -828,6 +828,19 @@ const _: () = {
     ["Offset of field: RustkvmX86PmuCpuid::ext22_ebx"]
         [::core::mem::offset_of!(RustkvmX86PmuCpuid, ext22_ebx) - 20usize];
 };
+#[doc = " Reads MSR `index` of the vCPU behind `opaque` (backend=kvm: KVM_GET_MSRS)\n into *value; false if it cannot."]
+pub type RustkvmReadMsr = ::core::option::Option<
+    unsafe extern "C" fn(opaque: *mut ::core::ffi::c_void, index: u32, value: *mut u64) -> bool,
+>;
+unsafe extern "C" {
+    #[doc = " backend=kvm, an AMD guest (QEMU 10.0 does not read its PMU MSRs from KVM):\n read the PMU MSRs KVM holds for a guest with @cpuid -- which and where,\n as KVM's amd_pmu_refresh derives them -- with @read, into @msrs'\n pmu_evtsel, pmu_gp and pmu_global_*. All or nothing: when a read fails,\n @msrs is left as it was. Does nothing for an Intel guest or without a PMU."]
+    pub fn rustkvm_x86_read_amd_pmu(
+        cpuid: *const RustkvmX86PmuCpuid,
+        read: RustkvmReadMsr,
+        opaque: *mut ::core::ffi::c_void,
+        msrs: *mut RustkvmX86Msrs,
+    );
+}
 unsafe extern "C" {
     #[doc = " An x86 vCPU's report from its MSRs (rustkvm_x86_save_msrs() under\n backend=tcg; QEMU's synchronized CPUX86State under backend=kvm) and the\n steal-time structure's 64 bytes (NULL if disabled or unreadable). The PMU's\n shape comes from @vcpu's model, or from @cpuid when @vcpu is NULL."]
     pub fn rustkvm_x86_info(
