@@ -274,9 +274,24 @@ uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
  */
 uint32_t rustkvm_x86_cpuid_supported(uint32_t leaf, uint32_t subleaf,
                                      uint32_t reg, uint32_t tcg);
-/** The bits named CPU models get by default, as under KVM. */
-uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
-                                    uint32_t reg);
+/*
+ * Versions of rustkvm's CPUID defaults (-cpu ...,x-rustkvm-cpuid-defaults):
+ * part of a versioned machine type's guest ABI, so a released version never
+ * changes; a new default comes as a new version, and older machine types
+ * keep theirs through a compat property.
+ */
+/** None: the CPU model's CPUID as TCG gives it. */
+#define RUSTKVM_X86_CPUID_DEFAULTS_NONE 0u
+/** rustkvm's defaults on QEMU 10.0's machine types. */
+#define RUSTKVM_X86_CPUID_DEFAULTS_1 1u
+/** The newest version: the property's default. */
+#define RUSTKVM_X86_CPUID_DEFAULTS_LATEST RUSTKVM_X86_CPUID_DEFAULTS_1
+/**
+ * The bits named CPU models get by default in defaults version `version`,
+ * as under KVM (0 for a version this library does not know).
+ */
+uint32_t rustkvm_x86_cpuid_defaults(uint32_t version, uint32_t leaf,
+                                    uint32_t subleaf, uint32_t reg);
 /**
  * An MSI `address` as the local APICs read it when the guest has
  * KVM_FEATURE_MSI_EXT_DEST_ID: bits 11:5 (destination bits 14:8) moved to
@@ -285,10 +300,11 @@ uint32_t rustkvm_x86_cpuid_defaults(uint32_t leaf, uint32_t subleaf,
 uint64_t rustkvm_x86_msi_ext_dest_id(uint64_t address);
 /**
  * The bits every CPU model, `max` included, has off unless the user turns
- * them on, as under KVM (QEMU's kvm_default_props "monitor=off").
+ * them on, in defaults version `version`, as under KVM (QEMU's
+ * kvm_default_props "monitor=off"; 0 for an unknown version).
  */
-uint32_t rustkvm_x86_cpuid_default_off(uint32_t leaf, uint32_t subleaf,
-                                       uint32_t reg);
+uint32_t rustkvm_x86_cpuid_default_off(uint32_t version, uint32_t leaf,
+                                       uint32_t subleaf, uint32_t reg);
 
 /* The counting engine (x86 PMU): totals the generated code keeps. */
 /** RustkvmCounting.events[]: instructions retired at CPL > 0 ... */

@@ -17,6 +17,7 @@ use crate::info;
 use crate::memory::{GuestMemory, Interrupts, Threads, Timers};
 use crate::vcpu::{CountingPtr, ResetKind, Route, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
+use crate::x86::cpuid::CpuidDefaults;
 use crate::x86::lbr::LbrRegs;
 use crate::x86::pmu::{Counting, PmuRegs};
 use crate::x86::vcpu::{SavedMsrs, X86};
@@ -724,13 +725,19 @@ pub unsafe extern "C" fn rustkvm_x86_cpuid_supported(
     crate::x86::cpuid::supported(leaf, subleaf, reg, tcg)
 }
 
-/// CPUID policy: which bits named models get by default.
+/// CPUID policy: which bits named models get by default, in defaults
+/// version `version` (0 for an unknown version).
 ///
 /// # Safety
 /// Always safe to call; `unsafe` only for uniformity of the ABI.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
-    crate::x86::cpuid::defaults(leaf, subleaf, reg)
+pub unsafe extern "C" fn rustkvm_x86_cpuid_defaults(
+    version: u32,
+    leaf: u32,
+    subleaf: u32,
+    reg: u32,
+) -> u32 {
+    CpuidDefaults::from_number(version).map_or(0, |d| d.defaults(leaf, subleaf, reg))
 }
 
 /// An MSI address as the local APICs read it, for a guest with
@@ -743,13 +750,19 @@ pub unsafe extern "C" fn rustkvm_x86_msi_ext_dest_id(address: u64) -> u64 {
     crate::x86::msi::swizzle_ext_dest_id(address)
 }
 
-/// CPUID policy: which bits every model has off unless the user asks.
+/// CPUID policy: which bits every model has off unless the user asks, in
+/// defaults version `version` (0 for an unknown version).
 ///
 /// # Safety
 /// Always safe to call; `unsafe` only for uniformity of the ABI.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rustkvm_x86_cpuid_default_off(leaf: u32, subleaf: u32, reg: u32) -> u32 {
-    crate::x86::cpuid::default_off(leaf, subleaf, reg)
+pub unsafe extern "C" fn rustkvm_x86_cpuid_default_off(
+    version: u32,
+    leaf: u32,
+    subleaf: u32,
+    reg: u32,
+) -> u32 {
+    CpuidDefaults::from_number(version).map_or(0, |d| d.default_off(leaf, subleaf, reg))
 }
 
 /// Copy the Rust-owned x86 MSRs out for QEMU's vmstate.
@@ -1743,7 +1756,20 @@ mod tests {
                 rustkvm_x86_cpuid_supported(0x4000_0001, 0, 0, 0) & 0x80,
                 0x80
             );
-            assert_eq!(rustkvm_x86_cpuid_defaults(0x4000_0001, 0, 0), 0x100_006b);
+            assert_eq!(rustkvm_x86_cpuid_defaults(1, 0x4000_0001, 0, 0), 0x100_006b);
+            assert_eq!(rustkvm_x86_cpuid_defaults(0, 0x4000_0001, 0, 0), 0);
+            assert_eq!(
+                rustkvm_x86_cpuid_defaults(2, 0x4000_0001, 0, 0),
+                0,
+                "no version 2"
+            );
+            assert_eq!(rustkvm_x86_cpuid_default_off(1, 1, 0, 1), 1 << 3);
+            let latest = header::RUSTKVM_X86_CPUID_DEFAULTS_LATEST;
+            assert_eq!(
+                CpuidDefaults::from_number(latest),
+                Some(CpuidDefaults::LATEST)
+            );
+            assert_eq!(CpuidDefaults::from_number(latest + 1), None);
             let zero = header::RustkvmX86Msrs {
                 steal_time: 0,
                 tsc: 0,

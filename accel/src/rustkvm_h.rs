@@ -19,6 +19,9 @@ pub const RUSTKVM_MAX_VCPUS: u32 = 4096;
 pub const RUSTKVM_RESET_COLD: u32 = 0;
 pub const RUSTKVM_RESET_INIT: u32 = 1;
 pub const RUSTKVM_X86_TSC_LEAVES_MIN_LEVEL: u32 = 22;
+pub const RUSTKVM_X86_CPUID_DEFAULTS_NONE: u32 = 0;
+pub const RUSTKVM_X86_CPUID_DEFAULTS_1: u32 = 1;
+pub const RUSTKVM_X86_CPUID_DEFAULTS_LATEST: u32 = 1;
 pub const RUSTKVM_EV_INSNS_USER: i32 = 0;
 pub const RUSTKVM_EV_INSNS_KERNEL: i32 = 1;
 pub const RUSTKVM_EV_BRANCHES_USER: i32 = 2;
@@ -286,16 +289,16 @@ unsafe extern "C" {
     pub fn rustkvm_x86_cpuid_supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32;
 }
 unsafe extern "C" {
-    #[doc = " The bits named CPU models get by default, as under KVM."]
-    pub fn rustkvm_x86_cpuid_defaults(leaf: u32, subleaf: u32, reg: u32) -> u32;
+    #[doc = " The bits named CPU models get by default in defaults version `version`,\n as under KVM (0 for a version this library does not know)."]
+    pub fn rustkvm_x86_cpuid_defaults(version: u32, leaf: u32, subleaf: u32, reg: u32) -> u32;
 }
 unsafe extern "C" {
     #[doc = " An MSI `address` as the local APICs read it when the guest has\n KVM_FEATURE_MSI_EXT_DEST_ID: bits 11:5 (destination bits 14:8) moved to\n the upper half, as QEMU's kvm_swizzle_msi_ext_dest_id does for KVM."]
     pub fn rustkvm_x86_msi_ext_dest_id(address: u64) -> u64;
 }
 unsafe extern "C" {
-    #[doc = " The bits every CPU model, `max` included, has off unless the user turns\n them on, as under KVM (QEMU's kvm_default_props \"monitor=off\")."]
-    pub fn rustkvm_x86_cpuid_default_off(leaf: u32, subleaf: u32, reg: u32) -> u32;
+    #[doc = " The bits every CPU model, `max` included, has off unless the user turns\n them on, in defaults version `version`, as under KVM (QEMU's\n kvm_default_props \"monitor=off\"; 0 for an unknown version)."]
+    pub fn rustkvm_x86_cpuid_default_off(version: u32, leaf: u32, subleaf: u32, reg: u32) -> u32;
 }
 #[doc = " Per-vCPU counting state shared by QEMU's generated code and Rust (it\n lives in CPUX86State; Rust holds a pointer from rustkvm_x86_vcpu_setup).\n Only the vCPU's own thread touches it."]
 #[repr(C)]

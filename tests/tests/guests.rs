@@ -927,6 +927,59 @@ fn x86_kvm_signature_and_feature_switches() {
             "{backend:?} {cpu}"
         );
     }
+    // The defaults are versioned (x-rustkvm-cpuid-defaults; docs/
+    // architecture.md, "CPUID defaults and machine types"): version 0 is
+    // none, the model's CPUID as TCG gives it ...
+    let r = with(Backend::Rustkvm, Some("qemu64,x-rustkvm-cpuid-defaults=0"));
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x0");
+    let r = with(Backend::Rustkvm, Some("max,x-rustkvm-cpuid-defaults=0"));
+    assert_eq!(measure(&r, "cpuid.1.ecx.monitor"), "1");
+    assert_eq!(
+        measure(&r, "cpuid.40000001.eax"),
+        "0x100baeb",
+        "max: all it can"
+    );
+    // ... set as a machine type's compat property would set it (a global)
+    let with_args = |args: &[&str]| {
+        let opts = run::RunOptions {
+            qemu_args: args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        };
+        run::run_with(t, Arch::X86_64, Variant::Default, Backend::Rustkvm, &opts).expect("ran")
+    };
+    let r = with_args(&[
+        "-cpu",
+        "qemu64",
+        "-global",
+        "x86_64-cpu.x-rustkvm-cpuid-defaults=0",
+    ]);
+    assert_eq!(r.outcome.status, Status::Pass, "{}", r.outcome.serial);
+    assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x0");
+    // ... and every machine type of this QEMU release, the newest
+    // versioned one included, has version 1. A new version of the defaults
+    // must leave these (compat property) and change only newer machines.
+    for machine in ["pc-i440fx-10.0", "pc-q35-10.0", "pc-i440fx-9.2"] {
+        let r = with_args(&["-M", machine, "-cpu", "qemu64"]);
+        assert_eq!(
+            r.outcome.status,
+            Status::Pass,
+            "{machine}: {}",
+            r.outcome.serial
+        );
+        assert_eq!(measure(&r, "cpuid.40000001.eax"), "0x100006b", "{machine}");
+        assert_eq!(measure(&r, "cpuid.1.ecx.monitor"), "0", "{machine}");
+    }
+    // A version this rustkvm does not have is refused, not ignored.
+    let r = with_args(&["-cpu", "qemu64,x-rustkvm-cpuid-defaults=2"]);
+    assert!(
+        matches!(r.outcome.status, Status::Fail(_))
+            && r.outcome
+                .stderr
+                .contains("x-rustkvm-cpuid-defaults=2: rustkvm has versions 0 to 1"),
+        "{:?}\n{}",
+        r.outcome.status,
+        r.outcome.stderr
+    );
     // kvm=off hides the KVM leaves, as under KVM.
     let r = with(Backend::Rustkvm, Some("max,kvm=off"));
     assert_eq!(measure(&r, "cpuid.40000000.signature"), "TCGTCGTCGTCG");

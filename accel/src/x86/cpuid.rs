@@ -172,25 +172,67 @@ pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
     }
 }
 
-/// Which bits named CPU models get by default (before the user's `-cpu`
-/// switches), as under KVM; always a subset of [`supported`].
-pub fn defaults(leaf: u32, subleaf: u32, reg: u32) -> u32 {
-    match (leaf, reg) {
-        (KVM_CPUID_FEATURES, REG_EAX) => KVM_DEFAULT_FEATURES & supported(leaf, subleaf, reg, 0),
-        _ => 0,
-    }
+/// Which of rustkvm's CPUID defaults a vCPU gets (QEMU's
+/// `-cpu ...,x-rustkvm-cpuid-defaults=N`). The defaults are part of the
+/// guest ABI of a versioned machine type, so they are versioned too: a
+/// version, once released, never changes (`defaults_1_is_frozen`), and a
+/// new default comes as a new version that only newer machine types get,
+/// older ones keeping theirs through a machine-type compat property
+/// (docs/architecture.md, "CPUID defaults and machine types").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuidDefaults {
+    /// 0: none; the CPU model's CPUID as TCG gives it.
+    None,
+    /// 1: rustkvm's defaults on QEMU 10.0's machine types: KVM's default PV
+    /// features that rustkvm implements ([`DEFAULTS_1_KVM_FEATURES`]) for
+    /// named models, MONITOR/MWAIT off for every model.
+    V1,
 }
 
-/// Which bits every CPU model, `max` included, has off unless the user's
-/// `-cpu` turns them on: MONITOR/MWAIT, which KVM does not offer (MWAIT
-/// exits unless `KVM_X86_DISABLE_EXITS_MWAIT`; QEMU's `kvm_default_props`
-/// has "monitor=off"). A guest then idles with HLT, as a KVM guest does,
-/// and Linux takes the PV paths it reserves for guests without MWAIT (PV
-/// TLB flush, `pv_tlb_flush_supported`).
-pub fn default_off(leaf: u32, _subleaf: u32, reg: u32) -> u32 {
-    match (leaf, reg) {
-        (1, REG_ECX) => CPUID_1_ECX_MONITOR,
-        _ => 0,
+/// The KVM features named models get with [`CpuidDefaults::V1`]:
+/// [`KVM_DEFAULT_FEATURES`] that rustkvm implemented when V1 was released
+/// (kvmclock with both MSR pairs and its stable bit, nopiodelay, steal
+/// time, PV EOI). Frozen: implementing another default does not add it here.
+pub const DEFAULTS_1_KVM_FEATURES: u32 = KVM_FEATURE_CLOCKSOURCE
+    | KVM_FEATURE_NOP_IO_DELAY
+    | KVM_FEATURE_CLOCKSOURCE2
+    | KVM_FEATURE_STEAL_TIME
+    | KVM_FEATURE_PV_EOI
+    | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT;
+
+impl CpuidDefaults {
+    /// What a machine type without a compat property gets: the newest.
+    pub const LATEST: CpuidDefaults = CpuidDefaults::V1;
+
+    /// The version numbered `n` (the property's value), if there is one.
+    pub fn from_number(n: u32) -> Option<CpuidDefaults> {
+        match n {
+            0 => Some(CpuidDefaults::None),
+            1 => Some(CpuidDefaults::V1),
+            _ => None,
+        }
+    }
+
+    /// Which bits named CPU models get by default (before the user's `-cpu`
+    /// switches), as under KVM; always a subset of [`supported`].
+    pub fn defaults(self, leaf: u32, _subleaf: u32, reg: u32) -> u32 {
+        match (self, leaf, reg) {
+            (CpuidDefaults::V1, KVM_CPUID_FEATURES, REG_EAX) => DEFAULTS_1_KVM_FEATURES,
+            _ => 0,
+        }
+    }
+
+    /// Which bits every CPU model, `max` included, has off unless the
+    /// user's `-cpu` turns them on: MONITOR/MWAIT, which KVM does not offer
+    /// (MWAIT exits unless `KVM_X86_DISABLE_EXITS_MWAIT`; QEMU's
+    /// `kvm_default_props` has "monitor=off"). A guest then idles with HLT,
+    /// as a KVM guest does, and Linux takes the PV paths it reserves for
+    /// guests without MWAIT (PV TLB flush, `pv_tlb_flush_supported`).
+    pub fn default_off(self, leaf: u32, _subleaf: u32, reg: u32) -> u32 {
+        match (self, leaf, reg) {
+            (CpuidDefaults::V1, 1, REG_ECX) => CPUID_1_ECX_MONITOR,
+            _ => 0,
+        }
     }
 }
 
@@ -221,6 +263,67 @@ pub fn pv_msr_feature(index: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every CPUID feature word QEMU 10.0 has (`feature_word_info`: leaf,
+    /// subleaf, register), where a default could land.
+    const FEATURE_WORDS: &[(u32, u32, u32)] = &[
+        (1, 0, REG_EDX),
+        (1, 0, REG_ECX),
+        (6, 0, REG_EAX),
+        (7, 0, REG_EBX),
+        (7, 0, REG_ECX),
+        (7, 0, REG_EDX),
+        (7, 1, REG_EAX),
+        (7, 1, REG_EDX),
+        (7, 2, REG_EDX),
+        (0xd, 1, REG_EAX),
+        (0x14, 0, REG_EBX),
+        (0x19, 0, REG_EBX),
+        (0x24, 0, REG_EBX),
+        (0x4000_0001, 0, REG_EAX),
+        (0x4000_0001, 0, REG_EDX),
+        (0x8000_0001, 0, REG_EDX),
+        (0x8000_0001, 0, REG_ECX),
+        (0x8000_0007, 0, REG_EDX),
+        (0x8000_0008, 0, REG_EBX),
+        (0x8000_000a, 0, REG_EDX),
+        (0x8000_001f, 0, REG_EAX),
+        (0x8000_0021, 0, REG_EAX),
+        (0x8000_0022, 0, REG_EAX),
+        (0xc000_0001, 0, REG_EDX),
+    ];
+
+    /// Version 1 is released: it is the guest ABI of QEMU 10.0's versioned
+    /// machine types under rustkvm. A new default is a new version, never a
+    /// change here.
+    #[test]
+    fn defaults_1_is_frozen() {
+        for &(leaf, subleaf, reg) in FEATURE_WORDS {
+            let on = CpuidDefaults::V1.defaults(leaf, subleaf, reg);
+            let off = CpuidDefaults::V1.default_off(leaf, subleaf, reg);
+            let (want_on, want_off) = match (leaf, reg) {
+                (0x4000_0001, REG_EAX) => (0x0100_006b, 0),
+                (1, REG_ECX) => (0, 1 << 3),
+                _ => (0, 0),
+            };
+            assert_eq!(on, want_on, "V1 defaults of {leaf:#x}.{subleaf} reg {reg}");
+            assert_eq!(
+                off, want_off,
+                "V1 default-off of {leaf:#x}.{subleaf} reg {reg}"
+            );
+            assert_eq!(
+                on & !supported(leaf, subleaf, reg, 0),
+                0,
+                "a default is supported"
+            );
+            assert_eq!(CpuidDefaults::None.defaults(leaf, subleaf, reg), 0);
+            assert_eq!(CpuidDefaults::None.default_off(leaf, subleaf, reg), 0);
+        }
+        assert_eq!(CpuidDefaults::from_number(0), Some(CpuidDefaults::None));
+        assert_eq!(CpuidDefaults::from_number(1), Some(CpuidDefaults::V1));
+        assert_eq!(CpuidDefaults::from_number(2), None);
+        assert_eq!(CpuidDefaults::LATEST, CpuidDefaults::V1);
+    }
 
     #[test]
     fn kvm_feature_bits_match_kvm_para_h() {
@@ -292,21 +395,11 @@ mod tests {
         assert_eq!(supported(7, 0, REG_EBX, 1), 3, "TSC_ADJUST");
         assert_eq!(supported(7, 1, REG_EBX, 0), 0);
         assert_eq!(supported(0x8000_0007, 0, REG_EDX, 0), 1 << 8, "invtsc");
-        let d = defaults(KVM_CPUID_FEATURES, 0, REG_EAX);
+        // V1's defaults are among KVM's (kvm_default_props) that rustkvm
+        // implements (all of them at V1's release; more may come later)
         assert_eq!(
-            d,
-            KVM_FEATURE_CLOCKSOURCE
-                | KVM_FEATURE_NOP_IO_DELAY
-                | KVM_FEATURE_CLOCKSOURCE2
-                | KVM_FEATURE_STEAL_TIME
-                | KVM_FEATURE_PV_EOI
-                | KVM_FEATURE_CLOCKSOURCE_STABLE_BIT
+            DEFAULTS_1_KVM_FEATURES & !(KVM_DEFAULT_FEATURES & IMPLEMENTED_KVM_FEATURES),
+            0
         );
-        assert_eq!(d, 0x100_006b);
-        assert_eq!(d & !supported(KVM_CPUID_FEATURES, 0, REG_EAX, 0), 0);
-        assert_eq!(defaults(1, 0, REG_EAX), 0);
-        assert_eq!(default_off(1, 0, REG_ECX), 1 << 3, "monitor=off, as KVM");
-        assert_eq!(default_off(1, 0, REG_EDX), 0);
-        assert_eq!(default_off(KVM_CPUID_FEATURES, 0, REG_EAX), 0);
     }
 }
