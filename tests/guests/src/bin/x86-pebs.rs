@@ -199,6 +199,82 @@ mod pebs {
         at
     }
 
+    /// GLOBAL_CTRL := `enable`, then `mov ecx, 0x1b` and RDMSR of
+    /// IA32_APIC_BASE (the 3rd instruction counted, at label 40; label 41
+    /// after it), then GLOBAL_CTRL := 0. Returns the labels' addresses and
+    /// the EDX:EAX the RDMSR read.
+    fn sled_rdmsr(enable: u64) -> ([u64; 2], u64) {
+        let mut at = [0u64; 2];
+        let (lo, hi): (u64, u64);
+        // SAFETY: WRMSRs of GLOBAL_CTRL around a RDMSR of IA32_APIC_BASE,
+        // which every x86 vCPU has.
+        unsafe {
+            asm!(
+                "lea rax, [rip + 40f]",
+                "mov [rdi], rax",
+                "lea rax, [rip + 41f]",
+                "mov [rdi + 8], rax",
+                "mov ecx, 0x38f",
+                "mov rax, rsi",
+                "mov rdx, rsi",
+                "shr rdx, 32",
+                "wrmsr",
+                "mov ecx, 0x1b",
+                "40:",
+                "rdmsr",
+                "41:",
+                "mov r8, rax",
+                "mov r9, rdx",
+                "mov ecx, 0x38f",
+                "xor eax, eax",
+                "xor edx, edx",
+                "wrmsr",
+                in("rdi") at.as_mut_ptr(),
+                in("rsi") enable,
+                out("rax") _, out("rcx") _, out("rdx") _,
+                out("r8") lo, out("r9") hi,
+                options(nostack),
+            );
+        }
+        (at, hi << 32 | lo)
+    }
+
+    /// GLOBAL_CTRL := `enable`, then `mov ecx, 0x187`, `xor eax, eax`,
+    /// `xor edx, edx` and a WRMSR of IA32_PERFEVTSEL1 := 0 (the 5th
+    /// instruction counted, at label 50; label 51 after it), then
+    /// GLOBAL_CTRL := 0.
+    fn sled_wrmsr(enable: u64) -> [u64; 2] {
+        let mut at = [0u64; 2];
+        // SAFETY: WRMSRs of GLOBAL_CTRL around a WRMSR of EVTSEL1 := 0
+        // (the guest does not use counter 1 here).
+        unsafe {
+            asm!(
+                "lea rax, [rip + 50f]",
+                "mov [rdi], rax",
+                "lea rax, [rip + 51f]",
+                "mov [rdi + 8], rax",
+                "mov ecx, 0x38f",
+                "mov rax, rsi",
+                "mov rdx, rsi",
+                "shr rdx, 32",
+                "wrmsr",
+                "mov ecx, 0x187",
+                "xor eax, eax",
+                "xor edx, edx",
+                "50:",
+                "wrmsr",
+                "51:",
+                "mov ecx, 0x38f",
+                "wrmsr",
+                in("rdi") at.as_mut_ptr(),
+                in("rsi") enable,
+                out("rax") _, out("rcx") _, out("rdx") _,
+                options(nostack),
+            );
+        }
+        at
+    }
+
     fn faults(r: Result<(), arch::Fault>) -> bool {
         matches!(r, Err(f) if f.vector == arch::GP_VECTOR)
     }
@@ -352,6 +428,37 @@ mod pebs {
                 word(buf(), 4) & 0x200 != 0,
                 format_args!("{:#x}", word(buf(), 4)),
             );
+        }
+
+        // An instruction that retires inside its helper (RDMSR, WRMSR):
+        // the record has the state after it, as for any other (next IP past
+        // it; RDMSR's EDX:EAX loaded), and it as its EventingIP.
+        reset(4096, 0);
+        wr(DATA_CFG, 0x2);
+        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(PMC0_FULL, MASK + 1 - 3);
+        wr(PEBS_ENABLE, 1);
+        let (at, apic_base) = sled_rdmsr(1);
+        t.eq("on-rdmsr.written", written(), 32 + 144);
+        if emulated {
+            t.eq("on-rdmsr.eventing-ip", word(buf(), 1), at[0]);
+            t.eq("on-rdmsr.next-ip", word(buf(), 5), at[1]);
+            t.eq(
+                "on-rdmsr.edx-eax",
+                (word(buf(), 8), word(buf(), 6)),
+                (apic_base >> 32, apic_base & 0xffff_ffff),
+            );
+        }
+        reset(4096, 0);
+        wr(DATA_CFG, 0x2);
+        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(PMC0_FULL, MASK + 1 - 5);
+        wr(PEBS_ENABLE, 1);
+        let at = sled_wrmsr(1);
+        t.eq("on-wrmsr.written", written(), 32 + 144);
+        if emulated {
+            t.eq("on-wrmsr.eventing-ip", word(buf(), 1), at[0]);
+            t.eq("on-wrmsr.next-ip", word(buf(), 5), at[1]);
         }
 
         // A fixed counter: FIXED_CTR0 (OS), PEBS bit 32.
