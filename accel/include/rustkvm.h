@@ -41,7 +41,7 @@
 #define RUSTKVM_EINVAL_CPUS -2
 /** A machine was already initialised in this process. */
 #define RUSTKVM_EBUSY -3
-/** An option the guest architecture does not have (e.g. counter-offset on x86). */
+/** An option the guest architecture does not have (counter-offset on x86). */
 #define RUSTKVM_EINVAL_OPTION -4
 /** pmu-counters outside 1..8. */
 #define RUSTKVM_EINVAL_PMU_COUNTERS -5
@@ -68,9 +68,12 @@ typedef struct RustkvmVcpu RustkvmVcpu;
 
 /** Services QEMU provides to the models (any may be NULL: then refused). */
 typedef struct RustkvmHostOps {
-    /** Read len bytes of guest RAM at gpa; false, nothing read, unless all RAM. */
+    /** Read len bytes of guest RAM at gpa; false (nothing read) unless RAM. */
     bool (*ram_read)(uint64_t gpa, void *buf, uint64_t len);
-    /** Write len bytes of guest RAM at gpa; false, nothing written, unless all writable RAM. */
+    /**
+     * Write len bytes of guest RAM at gpa; false (nothing written) unless
+     * all of it is writable RAM.
+     */
     bool (*ram_write)(uint64_t gpa, const void *buf, uint64_t len);
     /**
      * Store `value` (`size` 4 or 8 bytes, little-endian) at `gpa` with one
@@ -91,7 +94,7 @@ typedef struct RustkvmHostOps {
      * False if there is no such vCPU.
      */
     bool (*send_ipi)(uint32_t apic_id, uint32_t icr);
-    /** QEMU's virtual clock in ns (QEMU_CLOCK_VIRTUAL): what the guest TSC counts. */
+    /** QEMU_CLOCK_VIRTUAL in ns: what the guest TSC counts. */
     int64_t (*clock_ns)(void);
     /**
      * x86: vCPU `cpu_index`'s TSC-deadline timer changed; re-arm its local
@@ -194,8 +197,8 @@ void rustkvm_vcpu_reset(RustkvmVcpu *vcpu, uint32_t kind);
  * `exit`) or the vCPU destroyed (rustkvm: `cpu_exit(cpu)`, used when steal
  * time marks a descheduled vCPU preempted, so its next entry clears it).
  */
-void rustkvm_vcpu_set_exit_request(RustkvmVcpu *vcpu, void (*exit)(void *opaque),
-                                   void *opaque);
+void rustkvm_vcpu_set_exit_request(RustkvmVcpu *vcpu,
+                                   void (*exit)(void *opaque), void *opaque);
 /** Destroy a vCPU (unplug, or exit); `vcpu` may be NULL. */
 void rustkvm_vcpu_destroy(RustkvmVcpu *vcpu);
 /**
@@ -414,7 +417,7 @@ typedef struct RustkvmCounting {
  * IA32_PERF_CAPABILITIES exists and offers full-width counter writes.
  */
 #define RUSTKVM_PMU_FULL_WIDTH 0x100u
-/** ... or'ed to RUSTKVM_PMU_AMD: PerfCtrExtCore (CPUID 0x80000001 ECX[23]) ... */
+/** ... or'ed to RUSTKVM_PMU_AMD: PerfCtrExtCore (0x80000001 ECX[23]) ... */
 #define RUSTKVM_PMU_PERFCTR_CORE 0x200u
 /** ... and PerfMonV2 (CPUID 0x80000022 EAX[0]). */
 #define RUSTKVM_PMU_PERFMON_V2 0x400u
@@ -467,7 +470,8 @@ typedef struct RustkvmX86PebsSample {
  * PEBS records are owed (RustkvmCounting.pebs_due): write them from
  * `sample` (vCPU thread); a PMI may then be due (RustkvmCounting.pmi).
  */
-void rustkvm_x86_pebs_write(RustkvmVcpu *vcpu, const RustkvmX86PebsSample *sample);
+void rustkvm_x86_pebs_write(RustkvmVcpu *vcpu,
+                            const RustkvmX86PebsSample *sample);
 
 /** Records in the LBR stack. */
 #define RUSTKVM_LBR_DEPTH 32
@@ -583,7 +587,7 @@ typedef struct RustkvmX86Msrs {
     uint8_t pv_eoi_state;
     /** LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr). */
     RustkvmLbrRegs lbr;
-    /** IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs). */
+    /** IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs) */
     uint64_t pebs_enable;
     /** MSR_PEBS_DATA_CFG (CPUX86State::rustkvm_pebs_data_cfg). */
     uint64_t pebs_data_cfg;

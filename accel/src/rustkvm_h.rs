@@ -74,11 +74,11 @@ pub struct RustkvmVcpu {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct RustkvmHostOps {
-    #[doc = " Read len bytes of guest RAM at gpa; false, nothing read, unless all RAM."]
+    #[doc = " Read len bytes of guest RAM at gpa; false (nothing read) unless RAM."]
     pub ram_read: ::core::option::Option<
         unsafe extern "C" fn(gpa: u64, buf: *mut ::core::ffi::c_void, len: u64) -> bool,
     >,
-    #[doc = " Write len bytes of guest RAM at gpa; false, nothing written, unless all writable RAM."]
+    #[doc = " Write len bytes of guest RAM at gpa; false (nothing written) unless\n all of it is writable RAM."]
     pub ram_write: ::core::option::Option<
         unsafe extern "C" fn(gpa: u64, buf: *const ::core::ffi::c_void, len: u64) -> bool,
     >,
@@ -90,7 +90,7 @@ pub struct RustkvmHostOps {
         ::core::option::Option<unsafe extern "C" fn(gpa: u64, value: u8) -> ::core::ffi::c_int>,
     #[doc = " x86: send an IPI to the vCPU with `apic_id` (physical destination);\n `icr` holds the ICR's vector, delivery mode, level and trigger mode.\n False if there is no such vCPU."]
     pub send_ipi: ::core::option::Option<unsafe extern "C" fn(apic_id: u32, icr: u32) -> bool>,
-    #[doc = " QEMU's virtual clock in ns (QEMU_CLOCK_VIRTUAL): what the guest TSC counts."]
+    #[doc = " QEMU_CLOCK_VIRTUAL in ns: what the guest TSC counts."]
     pub clock_ns: ::core::option::Option<unsafe extern "C" fn() -> i64>,
     #[doc = " x86: vCPU `cpu_index`'s TSC-deadline timer changed; re-arm its local\n APIC timer from rustkvm_x86_tsc_deadline_ns(). Called without Rust locks."]
     pub tsc_deadline_changed: ::core::option::Option<unsafe extern "C" fn(cpu_index: u32)>,
@@ -503,7 +503,7 @@ pub struct RustkvmX86Msrs {
     pub pv_eoi_state: u8,
     #[doc = " LBR (CPUX86State::rustkvm_lbr, vmstate cpu/rustkvm_lbr)."]
     pub lbr: RustkvmLbrRegs,
-    #[doc = " IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs)."]
+    #[doc = " IA32_PEBS_ENABLE (CPUX86State::rustkvm_pebs_enable, cpu/rustkvm_pebs)"]
     pub pebs_enable: u64,
     #[doc = " MSR_PEBS_DATA_CFG (CPUX86State::rustkvm_pebs_data_cfg)."]
     pub pebs_data_cfg: u64,
