@@ -30,8 +30,14 @@ if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
 else
     QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
 fi
-mkdir -p "$QDIR" "$RUSTKVM_CACHE/src"
+mkdir -p "$QDIR" "$RUSTKVM_CACHE/src" "$(dirname "$QBUILD")"
 qemu_ccache_env
+# One build at a time per source tree and build directory: two clones (a
+# CI run beside a test run) would otherwise patch, configure and link over
+# each other.
+exec 8>"$QSRC.lock" 9>"$QBUILD.lock"
+flock 8
+flock 9
 
 # ---------------------------------------------------------------- source
 step "QEMU 10.0.x source from Debian (apt-get source qemu)"
@@ -82,8 +88,27 @@ step "cargo build --release (rustkvm accelerator library)"
 mkdir -p "$QBUILD/rustkvm"
 lib_src="$RUSTKVM_ROOT/target/release/librustkvm_accel.a"
 lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
-# Copy only on change: ninja relinks when this file's mtime moves.
-cmp -s "$lib_src" "$lib_dst" 2>/dev/null || cp "$lib_src" "$lib_dst"
+# Copy only on change: ninja relinks when this file's mtime moves. Two
+# clones of one commit build libraries that differ only in the paths
+# compiled into them; a copy would relink QEMU while the other clone's
+# tests start it (a half-written emulator). So what counts is what the
+# library is built from: the toolchain and the accel crate's sources.
+lib_key() {
+    (
+        cd "$RUSTKVM_ROOT" || exit 1
+        rustc -V
+        git rev-parse HEAD:accel HEAD:Cargo.lock HEAD:Cargo.toml || exit 1
+        git diff HEAD -- accel Cargo.lock Cargo.toml
+        git ls-files --others --exclude-standard -- accel | sort | xargs -r sha256sum
+    ) 2>/dev/null | sha256sum | cut -d' ' -f1
+}
+libkey=$(set -o pipefail; lib_key) || libkey="no-git-$(sha256sum <"$lib_src" | cut -d' ' -f1)"
+if [ -f "$lib_dst" ] && [ "$(cat "$lib_dst.key" 2>/dev/null)" = "$libkey" ]; then
+    ok "library up to date (the same sources as the one QEMU is linked with)"
+elif ! cmp -s "$lib_src" "$lib_dst"; then
+    cp "$lib_src" "$lib_dst.new" && mv "$lib_dst.new" "$lib_dst"
+fi
+echo "$libkey" >"$lib_dst.key"
 
 # The C view of the library's ABI: accel/build.rs checks accel/include/rustkvm.h
 # against the Rust side, and the series' link patch carries a copy of it.
