@@ -1,6 +1,6 @@
 //! Build script: emits a compile-time check that every function the C
 //! header declares (`include/rustkvm.h`, copied into QEMU as
-//! `include/system/rustkvm.h`) is defined in `src/ffi.rs` with the same
+//! `include/system/rustkvm-abi.h`) is defined in `src/ffi.rs` with the same
 //! signature, and the other way round. The header's Rust declarations are
 //! committed (`src/rustkvm_h.rs`, bindgen's output, as rust-vmm's
 //! kvm-bindings does), so building needs no libclang; `tests/bindings.rs`

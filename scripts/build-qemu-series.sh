@@ -9,7 +9,7 @@
 #
 # Prints one line per prefix and a summary, exits 1 if any prefix failed;
 # logs in $RUSTKVM_CACHE/qemu-series/logs/. Prefixes that contain the link
-# patch (the one adding `-Drustkvm_lib` and the whole ABI header) link this
+# patch (the one adding the rustkvm option and the whole ABI header) link this
 # tree's Rust library, as build-qemu.sh does. Slow (minutes per prefix
 # whose patch touches a header many files include): not part of the test
 # command or CI. Record a full run's result in docs/building.md.
@@ -32,8 +32,7 @@ if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     git -C "$repo" tag series
     echo "$key" >"$top/repo.key"
 fi
-git -C "$repo" show series:include/system/rustkvm.h | cmp -s - "$RUSTKVM_ROOT/accel/include/rustkvm.h" \
-    || die "the series' include/system/rustkvm.h is not accel/include/rustkvm.h: run scripts/qemu-series.sh header"
+git -C "$repo" show series:include/system/rustkvm-abi.h | check_series_header -
 mapfile -t commits < <(git -C "$repo" rev-list --reverse base..series)
 n=${#commits[@]}
 first=${1:-0}
@@ -56,7 +55,7 @@ for k in $(seq "$first" "$last"); do
     git -C "$repo" checkout -q -f "$rev"
     args=("${QEMU_CONFIGURE_ARGS[@]}")
     if grep -q rustkvm_lib "$repo/meson_options.txt"; then
-        args+=("-Drustkvm_lib=$lib")
+        args+=(-Drustkvm=enabled "-Drustkvm_lib=$lib")
     fi
     log="$logs/prefix-$(printf %04d "$k").log"
     start=$(date +%s)

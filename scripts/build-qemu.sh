@@ -110,15 +110,12 @@ elif ! cmp -s "$lib_src" "$lib_dst"; then
 fi
 echo "$libkey" >"$lib_dst.key"
 
-# The C view of the library's ABI: accel/build.rs checks accel/include/rustkvm.h
-# against the Rust side, and the series' link patch carries a copy of it.
-cmp -s "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$QSRC/include/system/rustkvm.h" \
-    || die "the series' include/system/rustkvm.h is not accel/include/rustkvm.h: run scripts/qemu-series.sh header"
+check_series_header "$QSRC/include/system/rustkvm-abi.h"
 
 # ---------------------------------------------------------------- configure
 CONFIGURE_ARGS=(
     "${QEMU_CONFIGURE_ARGS[@]}"
-    "-Drustkvm_lib=$lib_dst"
+    -Drustkvm=enabled "-Drustkvm_lib=$lib_dst"
 )
 if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
     CONFIGURE_ARGS+=(--enable-asan --enable-ubsan)

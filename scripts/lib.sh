@@ -315,6 +315,15 @@ qemu_ccache_env() {
     export PATH="/usr/lib/ccache:$PATH"
 }
 
+# The series' copy of the C ABI header, include/system/rustkvm-abi.h (its
+# link patch carries accel/include/rustkvm.h, which accel/build.rs checks
+# against the Rust side), must be the library's: check_series_header FILE
+# (or - for stdin).
+check_series_header() {
+    cmp -s "$RUSTKVM_ROOT/accel/include/rustkvm.h" "$1" \
+        || die "the series' include/system/rustkvm-abi.h is not accel/include/rustkvm.h: run scripts/qemu-series.sh header"
+}
+
 # QEMU's configure arguments for the two emulators rustkvm builds
 # (build-qemu.sh adds the library and sanitizers, build-qemu-series.sh the
 # library from the link patch on).

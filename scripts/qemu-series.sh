@@ -12,7 +12,7 @@
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
 #                                       after `base` (format-patch)
 #   scripts/qemu-series.sh header       the link patch's copy of the ABI
-#                                       header (include/system/rustkvm.h)
+#                                       header (include/system/rustkvm-abi.h)
 #                                       := accel/include/rustkvm.h (import
 #                                       into a scratch repository, amend the
 #                                       patch that adds it, rebase, export)
@@ -34,21 +34,21 @@ if [ "$cmd" = header ]; then
     cd "$scratch/series"
     branch=$(git symbolic-ref --short HEAD)
     # the one commit that adds the header (later patches never touch it)
-    adds=$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm.h)
-    [ -n "$adds" ] && [ "$(git log --format=%H base..HEAD -- include/system/rustkvm.h | wc -l)" -eq 1 ] \
-        || die "the series must add include/system/rustkvm.h in one patch and never change it"
-    if git show "HEAD:include/system/rustkvm.h" | cmp -s - "$header"; then
-        ok "the series' include/system/rustkvm.h is accel/include/rustkvm.h already"
+    adds=$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm-abi.h)
+    [ -n "$adds" ] && [ "$(git log --format=%H base..HEAD -- include/system/rustkvm-abi.h | wc -l)" -eq 1 ] \
+        || die "the series must add include/system/rustkvm-abi.h in one patch and never change it"
+    if git show "HEAD:include/system/rustkvm-abi.h" | cmp -s - "$header"; then
+        ok "the series' include/system/rustkvm-abi.h is accel/include/rustkvm.h already"
         exit 0
     fi
     git -c advice.detachedHead=false checkout -q "$adds"
-    cp "$header" include/system/rustkvm.h
-    git add -f include/system/rustkvm.h
+    cp "$header" include/system/rustkvm-abi.h
+    git add -f include/system/rustkvm-abi.h
     git -c user.name=rustkvm -c user.email=rustkvm@invalid commit -q --amend --no-edit
     git -c user.name=rustkvm -c user.email=rustkvm@invalid rebase -q --onto HEAD "$adds" "$branch" \
         || die "rebasing the series on the new header failed"
     bash "$self" export "$scratch/series"
-    ok "\"$(git log -1 --format=%s "$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm.h)")\" now carries accel/include/rustkvm.h"
+    ok "\"$(git log -1 --format=%s "$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm-abi.h)")\" now carries accel/include/rustkvm.h"
     exit 0
 fi
 [ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export DIR, or header"

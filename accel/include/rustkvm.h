@@ -6,10 +6,12 @@
  * This file is the single C view of the functions librustkvm_accel.a exports
  * (accel/src/ffi.rs). The Rust build runs bindgen over it and refuses to
  * compile when a declaration here and a Rust definition disagree, so the two
- * cannot drift. The QEMU series carries a copy, include/system/rustkvm.h,
+ * cannot drift. The QEMU series carries a copy, include/system/rustkvm-abi.h,
  * whole in its link patch, so every step of the series builds against the
  * final ABI (`scripts/qemu-series.sh header` refreshes that copy;
  * scripts/build-qemu.sh refuses a tree whose copy differs from this file).
+ * QEMU's own side (rustkvm_enabled(), RUSTKVM_VCPU(), what the glue
+ * defines) is QEMU's include/system/rustkvm.h, which includes this one.
  *
  * Routing functions return a RUSTKVM_* result: UNHANDLED means "do what TCG
  * does", so a hook that Rust does not claim costs one call and changes
@@ -844,22 +846,5 @@ uint64_t rustkvm_arm_pvtime_ipa(RustkvmVcpu *vcpu);
  */
 void rustkvm_arm_info(RustkvmVcpu *vcpu, const uint64_t *timers,
                       const uint8_t *pvtime, RustkvmVcpuInfo *out);
-
-/*
- * QEMU side. Defined by QEMU's glue (accel/tcg/tcg-all.c), not the library.
- * rustkvm_enabled() is true once -accel rustkvm has initialised the machine;
- * tcg_enabled() is true as well, since rustkvm is a TCG subclass.
- */
-extern bool rustkvm_allowed;
-#define rustkvm_enabled() (rustkvm_allowed)
-/** The Rust vCPU of a CPUState (NULL before the vCPU thread is created). */
-#define RUSTKVM_VCPU(cs) ((RustkvmVcpu *)(cs)->accel)
-/**
- * arm64: the VM-wide counter offset (`-accel rustkvm,counter-offset=N`, the
- * accelerator's property: its one copy), to be added to the generic timer's
- * architectural offsets: every counter view of the guest is the raw counter
- * minus it, modulo 2^64 (KVM_ARM_SET_COUNTER_OFFSET). Any thread.
- */
-uint64_t qemu_rustkvm_counter_offset(void);
 
 #endif /* RUSTKVM_H */

@@ -1472,37 +1472,26 @@ mod tests {
             pmu: true,
             leaf_a_eax: 0,
             leaf_a_edx: 0,
-            ext1_ecx: 1 << 23,
-            ext22_eax: 1,
+            ext1_ecx: crate::x86::cpuid::CPUID_8000_0001_ECX_PERFCTR_CORE,
+            ext22_eax: crate::x86::cpuid::CPUID_8000_0022_EAX_PERFMON_V2,
             ext22_ebx: 6,
+        };
+        // The call QEMU makes, with fake_rdmsr failing at MSR `fail_at`.
+        let read = |cpuid: &header::RustkvmX86PmuCpuid, mut fail_at: u32, msrs| {
+            // SAFETY: valid pointers; fake_rdmsr takes a `*mut u32` opaque.
+            unsafe {
+                rustkvm_x86_read_amd_pmu(cpuid, Some(fake_rdmsr), (&raw mut fail_at).cast(), msrs)
+            }
         };
         // SAFETY: plain integers and arrays: all zeroes is a valid value.
         let mut msrs: header::RustkvmX86Msrs = unsafe { std::mem::zeroed() };
-        let mut fail_at: u32 = 0xc000_0300; // the last one read
-                                            // SAFETY: valid pointers; fake_rdmsr takes a `*mut u32` opaque.
-        unsafe {
-            rustkvm_x86_read_amd_pmu(
-                &cpuid,
-                Some(fake_rdmsr),
-                (&raw mut fail_at).cast(),
-                &mut msrs,
-            );
-        }
+        read(&cpuid, 0xc000_0300, &mut msrs); // fails at the last one read
         assert_eq!(
             msrs.pmu_evtsel, [0; 8],
             "a failed read leaves the MSRs as they were"
         );
         assert_eq!(msrs.pmu_global_ctrl, 0);
-        fail_at = 0;
-        // SAFETY: as above.
-        unsafe {
-            rustkvm_x86_read_amd_pmu(
-                &cpuid,
-                Some(fake_rdmsr),
-                (&raw mut fail_at).cast(),
-                &mut msrs,
-            );
-        }
+        read(&cpuid, 0, &mut msrs);
         assert_eq!(msrs.pmu_evtsel[0], 0xc001_0201);
         assert_eq!(msrs.pmu_gp[0], 0xc001_0202);
         assert_eq!(msrs.pmu_evtsel[5], 0xc001_020b);
@@ -1510,7 +1499,15 @@ mod tests {
         assert_eq!(msrs.pmu_gp[6], 0, "six counters");
         assert_eq!(msrs.pmu_global_ctrl, 0xc000_0302);
         assert_eq!(msrs.pmu_global_status, 0xc000_0301);
-        // NULL pointers and an Intel guest: nothing happens
+        // An Intel guest: nothing happens.
+        let intel = header::RustkvmX86PmuCpuid {
+            amd: false,
+            ..cpuid
+        };
+        let before = msrs.pmu_gp;
+        read(&intel, 0, &mut msrs);
+        assert_eq!(msrs.pmu_gp, before);
+        // NULL pointers: nothing happens.
         // SAFETY: NULL is allowed for every pointer.
         unsafe {
             rustkvm_x86_read_amd_pmu(
@@ -1526,14 +1523,8 @@ mod tests {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             );
-            let intel = header::RustkvmX86PmuCpuid {
-                amd: false,
-                ..cpuid
-            };
-            let before = msrs.pmu_gp;
-            rustkvm_x86_read_amd_pmu(&intel, Some(fake_rdmsr), std::ptr::null_mut(), &mut msrs);
-            assert_eq!(msrs.pmu_gp, before);
         }
+        assert_eq!(msrs.pmu_gp, before);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use crate::arm::pmu::SAVED_REGS;
 use crate::arm::pvtime::layout as pvtime_layout;
+use crate::x86::cpuid::{CPUID_8000_0001_ECX_PERFCTR_CORE, CPUID_8000_0022_EAX_PERFMON_V2};
 use crate::x86::pmu::{
     PmuConfig, Vendor, MSR_AMD64_GLOBAL_CTL, MSR_AMD64_GLOBAL_STATUS, MSR_F15H_PERF_CTL0,
     MSR_K7_EVNTSEL0, MSR_K7_PERFCTR0,
@@ -26,10 +27,6 @@ const EVTSEL_EN: u64 = 1 << 22;
 const GLOBAL_CTRL_FIXED0: u32 = 32;
 /// kvmclock's MSR_KVM_SYSTEM_TIME_NEW enable bit (msr.rst).
 const PVCLOCK_ENABLE: u64 = 1;
-/// CPUID 0x80000001 ECX[23]: PerfCtrExtCore (APM vol. 3, CPUID Fn8000_0001).
-const PERFCTR_CORE: u32 = 1 << 23;
-/// CPUID 0x80000022 EAX[0]: PerfMonV2 (APM vol. 3, CPUID Fn8000_0022).
-const PERFMON_V2: u32 = 1;
 /// PMCR_EL0.E: counters enabled (Arm ARM D13.4.6).
 const PMCR_E: u64 = 1;
 /// Index of the cycle counter in the arm64 PMU's counter space.
@@ -145,9 +142,9 @@ impl X86PmuShape {
             return X86PmuShape::default();
         }
         if c.amd {
-            let (version, gp) = if c.ext22[0] & PERFMON_V2 != 0 {
+            let (version, gp) = if c.ext22[0] & CPUID_8000_0022_EAX_PERFMON_V2 != 0 {
                 (2, (c.ext22[1] & 0xf) as usize)
-            } else if c.ext1_ecx & PERFCTR_CORE != 0 {
+            } else if c.ext1_ecx & CPUID_8000_0001_ECX_PERFCTR_CORE != 0 {
                 (1, 6)
             } else {
                 (1, 4)
@@ -202,7 +199,7 @@ impl X86PmuCpuid {
         if shape.vendor != Some(Vendor::Amd) {
             return Vec::new();
         }
-        let core = self.ext1_ecx & PERFCTR_CORE != 0;
+        let core = self.ext1_ecx & CPUID_8000_0001_ECX_PERFCTR_CORE != 0;
         let mut msrs = Vec::with_capacity(2 * shape.gp + 2);
         for i in 0..shape.gp {
             let (select, counter) = if core {
@@ -488,15 +485,15 @@ mod tests {
         assert_eq!(X86PmuShape::from_cpuid(amd).gp, 4);
         assert_eq!(
             X86PmuShape::from_cpuid(X86PmuCpuid {
-                ext1_ecx: 1 << 23,
+                ext1_ecx: CPUID_8000_0001_ECX_PERFCTR_CORE,
                 ..amd
             }),
             X86PmuShape::from_config(PmuConfig::amd(true, false, 0))
         );
         assert_eq!(
             X86PmuShape::from_cpuid(X86PmuCpuid {
-                ext1_ecx: 1 << 23,
-                ext22: [1, 5],
+                ext1_ecx: CPUID_8000_0001_ECX_PERFCTR_CORE,
+                ext22: [CPUID_8000_0022_EAX_PERFMON_V2, 5],
                 ..amd
             }),
             X86PmuShape::from_config(PmuConfig::amd(true, true, 5))
@@ -519,7 +516,7 @@ mod tests {
         assert_eq!(legacy[7], (0xc001_0007, Counter(3)));
         // PerfCtrExtCore: six, interleaved at 0xc0010200
         let core = X86PmuCpuid {
-            ext1_ecx: 1 << 23,
+            ext1_ecx: CPUID_8000_0001_ECX_PERFCTR_CORE,
             ..amd
         }
         .amd_pmu_msrs();
@@ -529,8 +526,8 @@ mod tests {
         assert_eq!(core[11], (0xc001_020b, Counter(5)));
         // PerfMonV2: EBX[3:0] counters (at most 6) and the global pair
         let v2 = X86PmuCpuid {
-            ext1_ecx: 1 << 23,
-            ext22: [1, 0xf],
+            ext1_ecx: CPUID_8000_0001_ECX_PERFCTR_CORE,
+            ext22: [CPUID_8000_0022_EAX_PERFMON_V2, 0xf],
             ..amd
         }
         .amd_pmu_msrs();

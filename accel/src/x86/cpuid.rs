@@ -96,6 +96,12 @@ pub const CPUID_1_ECX_PDCM: u32 = 1 << 15;
 pub const CPUID_1_ECX_DTES64: u32 = 1 << 2;
 /// CPUID.1:EDX bit 21 DS: the DS save area, IA32_DS_AREA (PEBS).
 pub const CPUID_1_EDX_DS: u32 = 1 << 21;
+/// CPUID 0x80000001 ECX bit 23 PerfCtrExtCore: six core counters at
+/// 0xc0010200 (APM vol. 3, CPUID Fn8000_0001_ECX).
+pub const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
+/// CPUID 0x80000022 EAX bit 0 PerfMonV2: the global control and status
+/// MSRs (APM vol. 3, CPUID Fn8000_0022_EAX).
+pub const CPUID_8000_0022_EAX_PERFMON_V2: u32 = 1;
 
 /// CPUID 0x15: the TSC / core crystal clock ratio (EAX denominator, EBX
 /// numerator) and the crystal's rate in Hz (ECX) (SDM vol. 2A, CPUID leaf
@@ -166,8 +172,8 @@ pub fn supported(leaf: u32, subleaf: u32, reg: u32, tcg: u32) -> u32 {
         (7, 0, REG_EBX) => tcg | CPUID_7_0_EBX_TSC_ADJUST,
         (0x8000_0007, _, REG_EDX) => tcg | CPUID_8000_0007_EDX_INVTSC,
         // The AMD PMU's PerfCtrExtCore and PerfMonV2 (with pmu=on).
-        (0x8000_0001, _, REG_ECX) => tcg | 1 << 23,
-        (0x8000_0022, _, REG_EAX) => tcg | 1,
+        (0x8000_0001, _, REG_ECX) => tcg | CPUID_8000_0001_ECX_PERFCTR_CORE,
+        (0x8000_0022, _, REG_EAX) => tcg | CPUID_8000_0022_EAX_PERFMON_V2,
         _ => tcg,
     }
 }

@@ -16,7 +16,10 @@ use crate::vcpu::{
     bump, CountingPtr, LocalCell, PmuClock, ResetKind, Route, RouteCounters, Unhalted, Vcpu,
 };
 use crate::x86::clock::{self, Timer, X86Clock};
-use crate::x86::cpuid::{self, KVM_FEATURE_CLOCKSOURCE_STABLE_BIT};
+use crate::x86::cpuid::{
+    self, CPUID_8000_0001_ECX_PERFCTR_CORE, CPUID_8000_0022_EAX_PERFMON_V2,
+    KVM_FEATURE_CLOCKSOURCE_STABLE_BIT,
+};
 use crate::x86::hypercall;
 use crate::x86::lbr::{self, Branch, BranchKind, Lbr};
 use crate::x86::pebs::{self, LinearMemory};
@@ -25,9 +28,6 @@ use crate::x86::poll_control::{PollControl, MSR_KVM_POLL_CONTROL};
 use crate::x86::pv_eoi::{PvEoi, PvEoiState, MSR_KVM_PV_EOI_EN};
 use crate::x86::steal::{StealTime, MSR_KVM_STEAL_TIME};
 pub use crate::x86::SavedMsrs;
-
-/// CPUID 0x80000001 ECX[23]: AMD PerfCtrExtCore.
-const CPUID_8000_0001_ECX_PERFCTR_CORE: u32 = 1 << 23;
 
 /// The x86 PMU's engine arguments: `pmu` from rustkvm.h (`RUSTKVM_PMU_*`).
 pub const PMU_NONE: u32 = 0;
@@ -336,7 +336,7 @@ impl<'a> X86<'a> {
             }
             // PerfMonV2 and its number of core counters (EBX[3:0]).
             0x8000_0022 if amd && config.version >= 2 => {
-                Route::Handled([1, u32::from(config.gp), 0, 0])
+                Route::Handled([CPUID_8000_0022_EAX_PERFMON_V2, u32::from(config.gp), 0, 0])
             }
             _ => Route::Unhandled,
         }

@@ -106,6 +106,34 @@ mod pebs {
         word(ds(), 5) - buf() as u64
     }
 
+    /// asm!: store the address of local label `$label` (defined later) at
+    /// `[rdi + $offset]`: each sled reports where its instructions are.
+    macro_rules! label_at {
+        ($label:literal, $offset:literal) => {
+            concat!(
+                "lea rax, [rip + ",
+                $label,
+                "f]\nmov [rdi + ",
+                $offset,
+                "], rax"
+            )
+        };
+    }
+
+    /// asm!: IA32_PERF_GLOBAL_CTRL := rsi, the WRMSR that starts each
+    /// sled's counting (it counts: the 1st instruction).
+    macro_rules! global_ctrl_from_rsi {
+        () => {
+            concat!(
+                "mov ecx, 0x38f\n",
+                "mov rax, rsi\n",
+                "mov rdx, rsi\n",
+                "shr rdx, 32\n",
+                "wrmsr",
+            )
+        };
+    }
+
     /// Enable counting with GLOBAL_CTRL = `enable` (that WRMSR counts: 1st
     /// instruction), then `nop` at labels 20, 21, 22, 23 (2nd to 5th), then
     /// `mov ecx`, `xor eax`, `xor edx` and the disabling WRMSR (which does
@@ -116,14 +144,10 @@ mod pebs {
         // SAFETY: WRMSRs of GLOBAL_CTRL around NOPs; r8-r15 are clobbered.
         unsafe {
             asm!(
-                "lea rax, [rip + 20f]",
-                "mov [rdi], rax",
-                "lea rax, [rip + 21f]",
-                "mov [rdi + 8], rax",
-                "lea rax, [rip + 22f]",
-                "mov [rdi + 16], rax",
-                "lea rax, [rip + 23f]",
-                "mov [rdi + 24], rax",
+                label_at!(20, 0),
+                label_at!(21, 8),
+                label_at!(22, 16),
+                label_at!(23, 24),
                 "mov r8, 0x1008",
                 "mov r9, 0x1009",
                 "mov r10, 0x100a",
@@ -132,11 +156,7 @@ mod pebs {
                 "mov r13, 0x100d",
                 "mov r14, 0x100e",
                 "mov r15, 0x100f",
-                "mov ecx, 0x38f",
-                "mov rax, rsi",
-                "mov rdx, rsi",
-                "shr rdx, 32",
-                "wrmsr",
+                global_ctrl_from_rsi!(),
                 "20:",
                 "nop",
                 "21:",
@@ -169,17 +189,11 @@ mod pebs {
         // (guest_recover_rip), which clears the recovery address.
         unsafe {
             asm!(
-                "lea rax, [rip + 30f]",
-                "mov [rdi], rax",
-                "lea rax, [rip + 31f]",
-                "mov [rdi + 8], rax",
+                label_at!(30, 0),
+                label_at!(31, 8),
                 "lea rax, [rip + 32f]",
                 "mov [rip + guest_recover_rip], rax",
-                "mov ecx, 0x38f",
-                "mov rax, rsi",
-                "mov rdx, rsi",
-                "shr rdx, 32",
-                "wrmsr",
+                global_ctrl_from_rsi!(),
                 "30:",
                 "nop",
                 "31:",
@@ -210,15 +224,9 @@ mod pebs {
         // which every x86 vCPU has.
         unsafe {
             asm!(
-                "lea rax, [rip + 40f]",
-                "mov [rdi], rax",
-                "lea rax, [rip + 41f]",
-                "mov [rdi + 8], rax",
-                "mov ecx, 0x38f",
-                "mov rax, rsi",
-                "mov rdx, rsi",
-                "shr rdx, 32",
-                "wrmsr",
+                label_at!(40, 0),
+                label_at!(41, 8),
+                global_ctrl_from_rsi!(),
                 "mov ecx, 0x1b",
                 "40:",
                 "rdmsr",
@@ -249,15 +257,9 @@ mod pebs {
         // (the guest does not use counter 1 here).
         unsafe {
             asm!(
-                "lea rax, [rip + 50f]",
-                "mov [rdi], rax",
-                "lea rax, [rip + 51f]",
-                "mov [rdi + 8], rax",
-                "mov ecx, 0x38f",
-                "mov rax, rsi",
-                "mov rdx, rsi",
-                "shr rdx, 32",
-                "wrmsr",
+                label_at!(50, 0),
+                label_at!(51, 8),
+                global_ctrl_from_rsi!(),
                 "mov ecx, 0x187",
                 "xor eax, eax",
                 "xor edx, edx",
