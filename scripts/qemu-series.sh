@@ -11,6 +11,11 @@
 #                                       per qemu-patches/*.patch
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
 #                                       after `base` (format-patch)
+#   scripts/qemu-series.sh check DIR    every file each commit of DIR after
+#                                       `base` touches has its #if/#endif
+#                                       balanced at that commit (a cheap
+#                                       bisectability check before the
+#                                       prefix builds; exits 1 if not)
 #   scripts/qemu-series.sh header       the link patch's copy of the ABI
 #                                       header (include/system/rustkvm-abi.h)
 #                                       := accel/include/rustkvm.h (import
@@ -51,9 +56,40 @@ if [ "$cmd" = header ]; then
     ok "\"$(git log -1 --format=%s "$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm-abi.h)")\" now carries accel/include/rustkvm.h"
     exit 0
 fi
-[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export DIR, or header"
+[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export|check DIR, or header"
 
 case "$cmd" in
+check)
+    step "#if/#endif balance of each file each commit after base touches ($dir)"
+    python3 - "$dir" <<'EOF'
+import re, subprocess, sys
+repo = sys.argv[1]
+def git(*a):
+    return subprocess.run(['git', '-C', repo, *a], capture_output=True, text=True)
+commits = git('rev-list', '--reverse', 'base..HEAD').stdout.split()
+bad = 0
+for n, c in enumerate(commits, 1):
+    for f in git('diff-tree', '--no-commit-id', '--name-only', '-r', c).stdout.split():
+        if not re.search(r'\.(c|h|inc|hx)$', f):
+            continue
+        r = git('show', f'{c}:{f}')
+        if r.returncode:
+            continue                  # deleted by this commit
+        depth, low = 0, 0
+        for line in r.stdout.split('\n'):
+            if re.match(r'\s*#\s*if(n?def)?\b', line):
+                depth += 1
+            elif re.match(r'\s*#\s*endif\b', line):
+                depth -= 1
+                low = min(low, depth)
+        if depth or low:
+            bad += 1
+            subj = git('log', '-1', '--format=%s', c).stdout.strip()
+            print(f'    {n:04d} {f}: #if depth {depth:+d} at the end ({subj})')
+print(f'    {len(commits)} commits, {bad} unbalanced file states')
+sys.exit(1 if bad else 0)
+EOF
+    ;;
 import)
     step "import qemu-patches/ into $dir"
     [ ! -e "$dir" ] || die "$dir exists"
