@@ -39,21 +39,22 @@ if [ "$cmd" = header ]; then
     cd "$scratch/series"
     branch=$(git symbolic-ref --short HEAD)
     # the one commit that adds the header (later patches never touch it)
-    adds=$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm-abi.h)
-    [ -n "$adds" ] && [ "$(git log --format=%H base..HEAD -- include/system/rustkvm-abi.h | wc -l)" -eq 1 ] \
-        || die "the series must add include/system/rustkvm-abi.h in one patch and never change it"
-    if git show "HEAD:include/system/rustkvm-abi.h" | cmp -s - "$header"; then
-        ok "the series' include/system/rustkvm-abi.h is accel/include/rustkvm.h already"
+    copy=include/system/rustkvm-abi.h
+    adds=$(git log --format=%H --diff-filter=A base..HEAD -- "$copy")
+    [ -n "$adds" ] && [ "$(git log --format=%H base..HEAD -- "$copy" | wc -l)" -eq 1 ] \
+        || die "the series must add $copy in one patch and never change it"
+    if git show "HEAD:$copy" | cmp -s - "$header"; then
+        ok "the series' $copy is accel/include/rustkvm.h already"
         exit 0
     fi
     git -c advice.detachedHead=false checkout -q "$adds"
-    cp "$header" include/system/rustkvm-abi.h
-    git add -f include/system/rustkvm-abi.h
+    cp "$header" "$copy"
+    git add -f "$copy"
     git -c user.name=rustkvm -c user.email=rustkvm@invalid commit -q --amend --no-edit
     git -c user.name=rustkvm -c user.email=rustkvm@invalid rebase -q --onto HEAD "$adds" "$branch" \
         || die "rebasing the series on the new header failed"
     bash "$self" export "$scratch/series"
-    ok "\"$(git log -1 --format=%s "$(git log --format=%H --diff-filter=A base..HEAD -- include/system/rustkvm-abi.h)")\" now carries accel/include/rustkvm.h"
+    ok "\"$(git log -1 --format=%s "$adds")\" now carries accel/include/rustkvm.h"
     exit 0
 fi
 [ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export|check DIR, or header"
