@@ -141,6 +141,7 @@ pub fn cycles_sampling_report() -> Json {
             let mut o = Json::obj();
             o.set("supported", true)
                 .set("period", CYCLES_SAMPLE_PERIOD)
+                .set("count", s.count)
                 .set("samples", s.samples)
                 .set("lost", s.lost)
                 .set("throttled", s.throttled);

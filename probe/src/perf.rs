@@ -186,6 +186,9 @@ pub struct Samples {
     pub lost: u64,
     /// Times the kernel throttled the event (no samples until its next tick).
     pub throttled: u64,
+    /// The event's whole count over the work (every period's, and the
+    /// remainder): `count / period` overflows were due.
+    pub count: u64,
 }
 
 /// Sample `config` every `period` events around `work`, and count the
@@ -238,6 +241,7 @@ pub fn sample_around(config: u64, period: u64, work: impl FnOnce()) -> io::Resul
             samples: 0,
             lost: 0,
             throttled: 0,
+            count: c.read()?,
         };
         let mut pos = head.saturating_sub(size);
         while pos + 8 <= head {

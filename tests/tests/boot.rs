@@ -289,6 +289,14 @@ fn the_architecture_comes_from_the_image() {
     assert!(text.contains("--kernel needs --run CMD"), "{text}");
 }
 
+/// Linux lowers `kernel.perf_event_max_sample_rate`, and then throttles
+/// sampling events, when a PMI handler seems to take too long
+/// (`kernel.perf_cpu_time_max_percent`, measured in the guest's clock): an
+/// emulated vCPU the host descheduled in the handler looks slow at random,
+/// so a sample goes missing on a loaded host. The perf tests turn that off,
+/// as `tests/linux/init` does.
+const NO_TIME_THROTTLING: &str = "echo 0 > /proc/sys/kernel/perf_cpu_time_max_percent || exit 1;";
+
 /// `cmd` with Debian's perf on `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on`
 /// (`rustkvm-linux --backend ...,pmu=icelake`) under tcg, where it must fail
 /// (no PMU), and rustkvm: the runner's whole report and rustkvm's section.
@@ -327,7 +335,9 @@ fn on_icelake_with_perf(cmd: &str) -> (String, String) {
 /// to c and c's return into b. Under tcg there is no PMU: perf fails.
 #[test]
 fn x86_perf_record_branch_stacks_and_lbr_call_graphs_give_the_known_chain() {
-    let cmd = r#"
+    let cmd = format!(
+        "{NO_TIME_THROTTLING}{}",
+        r#"
 dmesg | grep -o '[0-9]*-deep LBR' || exit 1
 perf record -q --call-graph lbr -e instructions:u -c 100003 -o /tmp/cg /rustkvm-probe --call-chain 300000 >/dev/null || exit 1
 perf script -i /tmp/cg -F ip,sym | awk '
@@ -356,8 +366,9 @@ bc=$(grep -c 'rustkvm_chain_b+0x[0-9a-f]*/rustkvm_chain_c+0x0/' /tmp/b.txt)
 cb=$(grep -c 'rustkvm_chain_c+0x[0-9a-f]*/rustkvm_chain_b+0x[1-9a-f][0-9a-f]*/' /tmp/b.txt)
 echo "branch stacks=$all in-chain=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=$cb"
 [ "$n" -ge 100 ] && [ "$ab" = "$n" ] && [ "$bc" = "$n" ] && [ "$cb" = "$n" ]
-"#;
-    let (text, rustkvm) = on_icelake_with_perf(cmd);
+"#
+    );
+    let (text, rustkvm) = on_icelake_with_perf(&cmd);
     let rustkvm = rustkvm.as_str();
     assert!(
         rustkvm.contains("PASS: exit 0")
@@ -377,14 +388,27 @@ echo "branch stacks=$all in-chain=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=
 /// do. Under tcg there is no PMU: perf fails.
 #[test]
 fn x86_perf_precise_samples_land_on_the_exact_instructions_n_apart() {
-    let cmd = "perf record -q -e instructions:uppp -c 100003 -o /tmp/p \
-               /rustkvm-probe --three-instruction-loop 3000000 | grep loop-ips || exit 1; \
-               perf script -i /tmp/p -F ip | sed 's/^ */sample /'";
-    let (text, rustkvm) = on_icelake_with_perf(cmd);
+    let cmd = format!(
+        "{NO_TIME_THROTTLING} \
+         perf record -q -e instructions:uppp -c 100003 -o /tmp/p \
+         /rustkvm-probe --three-instruction-loop 3000000 | grep loop-ips || exit 1; \
+         perf script -i /tmp/p -F ip | sed 's/^ */sample /'; \
+         perf report -i /tmp/p --stats 2>/dev/null | grep -E 'THROTTLE|LOST' | sed 's/^ */stats /'"
+    );
+    let (text, rustkvm) = on_icelake_with_perf(&cmd);
     let rustkvm = rustkvm.as_str();
     assert!(
         rustkvm.contains("PASS: exit 0") && rustkvm.contains("PEBS fmt4+-baseline"),
         "{text}"
+    );
+    // Nothing throttled or lost: a gap in the samples below is then ours.
+    let stats: Vec<&str> = rustkvm
+        .lines()
+        .filter_map(|l| l.strip_prefix("stats "))
+        .collect();
+    assert!(
+        stats.is_empty(),
+        "perf throttled or lost samples: {stats:?}"
     );
     let hex = |s: &str| u64::from_str_radix(s.trim(), 16).expect("hex");
     let loop_ips: Vec<u64> = rustkvm
