@@ -5,20 +5,35 @@
 # itself. One build directory is reused from prefix to prefix (incremental,
 # and ccache), so a run costs about what the changed files do.
 #
-#   scripts/build-qemu-series.sh [FIRST [LAST]]   default: every prefix
+#   scripts/build-qemu-series.sh [--option on|off|both] [FIRST [LAST]]
+#                                   default: both, every prefix
 #
-# Prints one line per prefix and a summary, exits 1 if any prefix failed;
-# logs in $RUSTKVM_CACHE/qemu-series/logs/. Prefixes that contain the link
-# patch (the one adding the rustkvm option and the whole ABI header) link this
-# tree's Rust library, as build-qemu.sh does. Slow (minutes per prefix
+# Each prefix is built with the build option rustkvm off (QEMU's default
+# configure: nothing of rustkvm may be compiled, so nothing may call the
+# library) and on (from the link patch, the one adding the option and the
+# whole ABI header: -Drustkvm=enabled with this tree's Rust library, as
+# build-qemu.sh does), each in its own build directory. Prints one line per
+# prefix and a summary, exits 1 if any build failed; logs in
+# $RUSTKVM_CACHE/qemu-series/logs/. Slow (minutes per prefix
 # whose patch touches a header many files include): not part of the test
 # command or CI. Record a full run's result in docs/building.md.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
+option=both
+if [ "${1:-}" = --option ]; then
+    option=${2:-}
+    shift 2 || true
+fi
+case "$option" in
+on) modes=(on) ;;
+off) modes=(off) ;;
+both) modes=(off on) ;;
+*) die "--option on, off or both" ;;
+esac
+
 top="$RUSTKVM_CACHE/qemu-series"
-repo="$top/src"   # X/src beside X/build: ccache hits (qemu_ccache_env)
-build="$top/build"
+repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
 logs="$top/logs"
 mkdir -p "$top" "$logs"
 qemu_ccache_env
@@ -48,36 +63,52 @@ cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
     || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
 
 
-failed=0
-for k in $(seq "$first" "$last"); do
-    if [ "$k" -eq 0 ]; then rev=base; else rev=${commits[$((k - 1))]}; fi
-    subject=$(git -C "$repo" log -1 --format=%s "$rev")
-    git -C "$repo" checkout -q -f "$rev"
+# build_prefix MODE K: configure (when the arguments change) and build
+# prefix K, checked out, in build-MODE; prints the verdict.
+build_prefix() {
+    local mode=$1 k=$2 build="$top/build-$1" args cfgkey log
     args=("${QEMU_CONFIGURE_ARGS[@]}")
-    if grep -q rustkvm_lib "$repo/meson_options.txt"; then
+    if [ "$mode" = on ]; then
         args+=(-Drustkvm=enabled "-Drustkvm_lib=$lib")
     fi
-    log="$logs/prefix-$(printf %04d "$k").log"
-    start=$(date +%s)
+    log="$logs/prefix-$(printf %04d "$k")-$mode.log"
     cfgkey=$(printf '%s\n' "${args[@]}" | sha256sum | cut -d' ' -f1)
-    verdict=OK
+    : >"$log"
     if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
         rm -rf "$build"
         mkdir -p "$build"
         if (cd "$build" && "$repo/configure" "${args[@]}") >"$log" 2>&1; then
             echo "$cfgkey" >"$build/configure.key"
         else
-            verdict="FAIL (configure)"
+            echo "FAIL (configure)"
+            return
         fi
     fi
-    if [ "$verdict" = OK ]; then
-        ninja -C "$build" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >>"$log" 2>&1 \
-            || verdict="FAIL ($(grep -m1 -E 'error:' "$log" | sed -E 's#^.*/(src|repo)/##' | cut -c1-100))"
+    if ninja -C "$build" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >>"$log" 2>&1; then
+        echo OK
+    else
+        echo "FAIL ($(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/(src|repo)/##' | cut -c1-90))"
     fi
-    [ "$verdict" = OK ] || failed=$((failed + 1))
-    line=$(printf '%04d %-60.60s %s (%ds)' "$k" "$subject" "$verdict" $(( $(date +%s) - start )))
-    echo "$line"
+}
+
+failed=0
+for k in $(seq "$first" "$last"); do
+    if [ "$k" -eq 0 ]; then rev=base; else rev=${commits[$((k - 1))]}; fi
+    subject=$(git -C "$repo" log -1 --format=%s "$rev")
+    git -C "$repo" checkout -q -f "$rev"
+    verdicts=()
+    for mode in "${modes[@]}"; do
+        if [ "$mode" = on ] && ! grep -q rustkvm_lib "$repo/meson_options.txt"; then
+            verdicts+=("on: -")     # before the link patch: no option yet
+            continue
+        fi
+        start=$(date +%s)
+        v=$(build_prefix "$mode" "$k")
+        [ "$v" = OK ] || failed=$((failed + 1))
+        verdicts+=("$mode: $v ($(( $(date +%s) - start ))s)")
+    done
+    printf '%04d %-50.50s %s\n' "$k" "$subject" "$(IFS=';'; echo "${verdicts[*]}" | sed 's/;/; /g')"
 done
 git -C "$repo" checkout -q -f "${commits[$((n - 1))]}"
-echo "build-qemu-series: prefixes $first..$last: $(( last - first + 1 - failed )) built, $failed failed (logs: $logs)"
+echo "build-qemu-series: prefixes $first..$last, option ${modes[*]}: $failed builds failed (logs: $logs)"
 [ "$failed" -eq 0 ]
