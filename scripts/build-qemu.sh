@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Build rustkvm's patched QEMU 10.0.x (qemu-system-x86_64 and qemu-system-aarch64)
+# Build rustkvm's patched QEMU (qemu-system-x86_64 and qemu-system-aarch64)
 # with the Rust accelerator library linked in.
 #
 #   scripts/build-qemu.sh            fetch, patch, configure (when needed), build
+#   RUSTKVM_QEMU=10.2 scripts/build-qemu.sh
+#                                    the same for QEMU 10.2.2 (default: 10.0,
+#                                    Debian 13's; scripts/lib.sh qemu_release)
 #
 # Everything lives under $RUSTKVM_CACHE (default /var/cache/rustkvm), outside the
-# clone, so every clone shares one source tree, one build directory and one ccache:
-#   src/                 Debian's qemu source package (orig tarball, debian/ tarball)
-#   qemu/src/            the upstream tree with qemu-patches/*.patch applied
-#   qemu/build/          the meson/ninja build directory
+# clone, so every clone shares one source tree, one build directory and one ccache
+# per release:
+#   src/                 Debian's qemu source packages (orig tarball, debian/ tarball)
+#   qemu/src/            10.0: the upstream tree with qemu-patches/ applied
+#   qemu/build/          10.0: the meson/ninja build directory
+#   qemu-10.2/{src,build}/  the same for 10.2
 #   ccache/              the compiler cache
 # Nothing is rebuilt when nothing changed; a Rust-only change just relinks.
 set -euo pipefail
@@ -16,7 +21,8 @@ set -euo pipefail
 
 bash "$RUSTKVM_ROOT/scripts/deps.sh"
 
-QDIR="$RUSTKVM_CACHE/qemu"
+release=$(qemu_release)
+QDIR=$(qemu_dir)
 # RUSTKVM_QEMU_SRC: another patched source tree (with RUSTKVM_QEMU_BUILD, a
 # private pair: a clone at other patches builds there without rewriting the
 # shared tree under a test run of another clone).
@@ -40,25 +46,22 @@ flock 8
 flock 9
 
 # ---------------------------------------------------------------- source
-step "QEMU 10.0.x source from Debian (apt-get source qemu)"
-orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
-if [ -z "$orig" ]; then
-    (cd "$RUSTKVM_CACHE/src" && apt-get source --download-only qemu >/dev/null 2>&1) \
-        || die "apt-get source qemu failed (is the deb-src entry for trixie reachable?)"
-    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_*.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
-    [ -n "$orig" ] || die "apt-get source qemu produced no orig tarball"
-fi
+step "QEMU $release source from Debian (apt-get source qemu)"
+orig=$(qemu_orig)
 ver=$(basename "$orig" | sed -E 's/^qemu_([0-9.]+)\+ds\.orig\.tar\.xz$/\1/')
 case "$ver" in
-    10.0.*) ok "upstream QEMU $ver ($(basename "$orig"))" ;;
-    *) die "Debian's source package is QEMU $ver; rustkvm's patches are for 10.0.x" ;;
+    "$release".*) ok "upstream QEMU $ver ($(basename "$orig"))" ;;
+    *) die "Debian's source package is QEMU $ver; RUSTKVM_QEMU asks for $release" ;;
 esac
 
 # ---------------------------------------------------------------- patches
 step "apply qemu-patches/*.patch"
 # Debian's own build fixes for its blob-less tarball first (not part of
-# the series), then the series.
-patches=("$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch)
+# the series), then the series; a release's own versions of a patch
+# replace the shared one (scripts/lib.sh qemu_patches).
+mapfile -t patches < <(qemu_patches)
+shared=("$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch)
+[ "${#patches[@]}" -ge "${#shared[@]}" ] || die "qemu_patches listed ${#patches[@]} patches, fewer than qemu-patches/ holds"
 key=$( { basename "$orig"; cat "${patches[@]}"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$QSRC.key" 2>/dev/null)" != "$key" ]; then
     tmp="$QSRC.new"

@@ -298,6 +298,86 @@ bench_rustkvm_run() {
     bench_expect "^$3/$1/default +PASS"
 }
 
+# The QEMU release to build: RUSTKVM_QEMU=10.0 (the default: Debian 13's,
+# from trixie's deb-src) or 10.2 (upstream 10.2.2, from sid's deb-src, the
+# newest release Debian's archive serves here). Each release has its own
+# source tree and build directory: qemu/ for 10.0 (the paths of before),
+# qemu-10.2/ for 10.2 (qemu_dir).
+qemu_release() {
+    case "${RUSTKVM_QEMU:-10.0}" in
+        10.0|10.2) echo "${RUSTKVM_QEMU:-10.0}" ;;
+        *) die "RUSTKVM_QEMU=${RUSTKVM_QEMU}: rustkvm builds QEMU 10.0 (the default) or 10.2" ;;
+    esac
+}
+qemu_dir() {
+    case "$(qemu_release)" in
+        10.0) echo "$RUSTKVM_CACHE/qemu" ;;
+        *) echo "$RUSTKVM_CACHE/qemu-$(qemu_release)" ;;
+    esac
+}
+
+# qemu_orig: the path of the release's orig tarball in $RUSTKVM_CACHE/src,
+# fetched with its Debian tarball the first time. 10.0: the newest 10.0.x
+# of the apt sources deps.sh sets up (trixie deb-src). 10.2: upstream
+# 10.2.2 (pinned; the newest Debian revision of it), through an apt state
+# of its own under $RUSTKVM_CACHE/apt-sid with only sid's deb-src in it, so
+# the machine's apt sources (and what `apt-get source qemu` means there)
+# stay as they are.
+qemu_orig() {
+    local rel orig v o
+    rel=$(qemu_release)
+    mkdir -p "$RUSTKVM_CACHE/src"
+    case "$rel" in
+        10.0) orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true) ;;
+        10.2) orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.2.2+ds.orig.tar.xz 2>/dev/null || true) ;;
+    esac
+    if [ -n "$orig" ]; then echo "$orig"; return; fi
+    case "$rel" in
+        10.0)
+            (cd "$RUSTKVM_CACHE/src" && apt-get source --download-only qemu >/dev/null 2>&1) \
+                || die "apt-get source qemu failed (is the deb-src entry for trixie reachable?)"
+            orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+            ;;
+        10.2)
+            local a="$RUSTKVM_CACHE/apt-sid"
+            mkdir -p "$a/lists/partial" "$a/cache/archives/partial"
+            echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
+                >"$a/sources.list"
+            o=(-o "Dir::Etc::SourceList=$a/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache")
+            apt-get "${o[@]}" update >"$a/update.log" 2>&1 \
+                || die "apt-get update of sid's deb-src failed (log: $a/update.log)"
+            v=$(apt-cache "${o[@]}" showsrc qemu 2>/dev/null | sed -n 's/^Version: \(1:10\.2\.2+ds-.*\)$/\1/p' | sort -V | tail -n1)
+            [ -n "$v" ] || die "sid's deb-src has no qemu 10.2.2 (apt-cache showsrc qemu)"
+            (cd "$RUSTKVM_CACHE/src" && apt-get "${o[@]}" source --download-only "qemu=$v" >"$a/source.log" 2>&1) \
+                || die "apt-get source qemu=$v failed (log: $a/source.log)"
+            orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.2.2+ds.orig.tar.xz 2>/dev/null || true)
+            ;;
+    esac
+    [ -n "$orig" ] || die "fetching QEMU $rel's source gave no orig tarball"
+    echo "$orig"
+}
+
+# qemu_patches: the release's patches in the order they apply: Debian's
+# build fixes (qemu-patches/debian/), then the series (qemu-patches/*.patch).
+# The series is shared by both releases; a file of the same name under
+# qemu-patches/RELEASE/ (or RELEASE/debian/) replaces the shared one for
+# that release, and one with a new name is added in name order.
+qemu_patches() {
+    local rel d sub f name
+    rel=$(qemu_release)
+    d="$RUSTKVM_ROOT/qemu-patches"
+    for sub in debian/ ""; do
+        {
+            for f in "$d/$sub"*.patch "$d/$rel/$sub"*.patch; do
+                if [ -f "$f" ]; then basename "$f"; fi
+            done
+        } | sort -u | while read -r name; do
+            if [ -f "$d/$rel/$sub$name" ]; then echo "$d/$rel/$sub$name"; else echo "$d/$sub$name"; fi
+        done
+    done
+}
+
 # The compiler cache every QEMU build here shares (build-qemu.sh,
 # build-qemu-series.sh).
 qemu_ccache_env() {

@@ -16,6 +16,13 @@
 #                                       balanced at that commit (a cheap
 #                                       bisectability check before the
 #                                       prefix builds; exits 1 if not)
+#   scripts/qemu-series.sh stat [REV]   what the series at REV (a commit of
+#                                       this repository; default: the work
+#                                       tree) changes in QEMU, net, by
+#                                       subsystem: lines added and removed
+#                                       in upstream's files, lines of new
+#                                       files (Debian's build fixes and the
+#                                       ABI header copy counted apart)
 #   scripts/qemu-series.sh header       the link patch's copy of the ABI
 #                                       header (include/system/rustkvm-abi.h)
 #                                       := accel/include/rustkvm.h (import
@@ -57,7 +64,73 @@ if [ "$cmd" = header ]; then
     ok "\"$(git log -1 --format=%s "$adds")\" now carries accel/include/rustkvm.h"
     exit 0
 fi
-[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export|check DIR, or header"
+if [ "$cmd" = stat ]; then
+    rev=${2:-}
+    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+    [ -n "$orig" ] || die "no QEMU orig tarball in $RUSTKVM_CACHE/src (run scripts/build-qemu.sh once)"
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    mkdir -p "$scratch/patches" "$scratch/a" "$scratch/b"
+    if [ -n "$rev" ]; then
+        git -C "$RUSTKVM_ROOT" rev-parse -q --verify "$rev^{commit}" >/dev/null || die "no commit $rev"
+        git -C "$RUSTKVM_ROOT" archive "$rev" qemu-patches | tar -x -C "$scratch/patches"
+    else
+        cp -r "$patches_dir" "$scratch/patches/"
+    fi
+    tar --no-same-owner -C "$scratch/a" --strip-components=1 -xf "$orig"
+    cp -a "$scratch/a/." "$scratch/b/"
+    n=0
+    for p in "$scratch"/patches/qemu-patches/debian/*.patch "$scratch"/patches/qemu-patches/*.patch; do
+        [ -f "$p" ] || continue
+        patch -d "$scratch/b" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null \
+            || die "$(basename "$p") does not apply"
+        case "$p" in */debian/*) ;; *) n=$((n + 1)) ;; esac
+    done
+    echo "# scripts/qemu-series.sh stat ${rev:-(work tree)}: $n patches on $(basename "$orig")"
+    (cd "$scratch" && diff -ruN a b >diff || true)
+    python3 - "$scratch/diff" <<'EOF'
+import sys
+# Debian's build fixes for its blob-less tarball, and the copy of the ABI
+# header (accel/include/rustkvm.h), are counted apart.
+APART = {"pc-bios/meson.build": "(Debian's fixes)", "pythondeps.toml": "(Debian's fixes)",
+         "include/system/rustkvm-abi.h": "(ABI header copy)"}
+def area(f):
+    if f in APART:
+        return APART[f]
+    parts = f.split("/")
+    if parts[0] in ("target", "hw", "include") and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0] if len(parts) > 1 else "top level"
+rows, f, new = {}, None, False
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("diff "):
+        f = None
+    elif f is None and line.startswith("--- "):
+        # diff -N: a file that is new has the epoch as its old time
+        new = "\t1970-01-01 " in line
+    elif f is None and line.startswith("+++ "):
+        f = line[4:].split("\t")[0].split("/", 1)[1]
+        r = rows.setdefault(area(f), {"files": set(), "new": set(), "add": 0, "del": 0, "newlines": 0})
+        (r["new"] if new else r["files"]).add(f)
+    elif f and line.startswith("+"):
+        rows[area(f)]["newlines" if new else "add"] += 1
+    elif f and line.startswith("-"):
+        rows[area(f)]["del"] += 1
+cols = ("upstream files", "+lines", "-lines", "new files", "their lines")
+print(f"| area | {' | '.join(cols)} |")
+print("|---" * (len(cols) + 1) + "|")
+tot = [0] * 5
+for k in sorted(rows, key=lambda k: (k.startswith("("), -(rows[k]["add"] + rows[k]["del"] + rows[k]["newlines"]))):
+    r = rows[k]
+    v = [len(r["files"]), r["add"], r["del"], len(r["new"]), r["newlines"]]
+    print(f"| {k} | {' | '.join(map(str, v))} |")
+    if not k.startswith("("):
+        tot = [a + b for a, b in zip(tot, v)]
+print(f"| total (without the rows in parentheses) | {' | '.join(map(str, tot))} |")
+EOF
+    exit 0
+fi
+[ -n "$cmd" ] && [ -n "$dir" ] || die "usage: scripts/qemu-series.sh import|export|check DIR, stat [REV], or header"
 
 case "$cmd" in
 check)

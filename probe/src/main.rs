@@ -10,9 +10,44 @@
 //! branch records and call graphs; `--three-instruction-loop ROUNDS` (x86)
 //! only that loop, printing its instructions' addresses (`loop-ips A B C`),
 //! for precise sampling.
+//!
+//! Two modes print no report, for `scripts/bench-perf-stat.sh`: `--spin N`
+//! runs only the workload's two-instruction loop N times (`dec; jnz` /
+//! `subs; b.ne`: 2N instructions, N branches), and `--time CMD [ARG...]`
+//! runs CMD and prints `time-ns NS steal-ns ST status S` to standard error,
+//! NS the monotonic time from before its spawn to after its exit and ST
+//! the steal time all CPUs accounted meanwhile (/proc/stat), then exits
+//! with CMD's status.
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [flag, n] if flag == "--spin" => {
+            let Ok(n) = n.parse::<u64>() else {
+                eprintln!("rustkvm-probe: --spin wants a count, not {n:?}");
+                std::process::exit(2);
+            };
+            rustkvm_probe::workload::spin(n);
+            return;
+        }
+        [flag, cmd, rest @ ..] if flag == "--time" => {
+            let steal = rustkvm_probe::system::steal_ns_total();
+            let start = std::time::Instant::now();
+            let status = std::process::Command::new(cmd).args(rest).status();
+            let ns = start.elapsed().as_nanos();
+            let steal = rustkvm_probe::system::steal_ns_total().saturating_sub(steal);
+            let code = match status {
+                Ok(s) => s.code().unwrap_or(128),
+                Err(e) => {
+                    eprintln!("rustkvm-probe: --time: cannot run {cmd}: {e}");
+                    127
+                }
+            };
+            eprintln!("time-ns {ns} steal-ns {steal} status {code}");
+            std::process::exit(code);
+        }
+        _ => {}
+    }
     let report = match args.as_slice() {
         [flag, secs, threads] if flag == "--lockbench" => {
             let secs = secs.parse().unwrap_or(5);

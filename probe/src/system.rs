@@ -180,6 +180,17 @@ pub fn parse_proc_stat_steal(stat: &str) -> Vec<(usize, u64)> {
         .collect()
 }
 
+/// Steal time of all CPUs together so far, in ns (from /proc/stat's
+/// ticks: a resolution of one tick, 10 ms at USER_HZ 100); 0 where the
+/// kernel accounts none.
+pub fn steal_ns_total() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: u64 = parse_proc_stat_steal(&stat).iter().map(|(_, s)| s).sum();
+    ticks.saturating_mul(1_000_000_000) / hz
+}
+
 fn spin_for(d: Duration) {
     let end = Instant::now() + d;
     let mut x = 0u64;
