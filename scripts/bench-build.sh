@@ -27,7 +27,7 @@ for a in "$@"; do
     esac
 done
 QDIR="$RUSTKVM_CACHE/qemu"
-orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+orig=$(qemu_orig_cached)
 [ -n "$orig" ] || die "no QEMU source yet (run scripts/build-qemu.sh once)"
 key=$( { basename "$orig"; cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; } | sha256sum | cut -d' ' -f1)
 [ "$(cat "$QDIR/src.key" 2>/dev/null)" = "$key" ] \

@@ -66,6 +66,14 @@ EOF
 bench_begin "scripts/bench-perf-stat.sh $rounds $n $m \"$archs\" \"$backends\""
 printf '# kernel: Debian %s; perf: Debian linux-perf (this machine'"'"'s apt sources)\n' \
     "$(cat "$BENCH_SHARED_CACHE/linux/x86_64/vmlinuz.src" 2>/dev/null || echo '?')"
+# count ROUND WORK EVENT: the count perf printed for it (its CSV:
+# COUNT,UNIT,EVENT,...), "<not supported>" included.
+count() {
+    awk -F, -v r="$1" -v w="$2" -v e="$3" \
+        '{ split($1, f, " "); v = $1; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", v) }
+         f[1] == "rustkvm-bench-perf" && f[2] == r && f[3] == w && $3 == e { print v }' \
+        "$BENCH_DIR/run.log"
+}
 ratios=()
 for a in $archs; do
     for b in $backends; do
@@ -85,13 +93,8 @@ for a in $archs; do
                     printf "%s %s_%s s %.4f\n", r, c, w, ns / 1e9
                     printf "%s %s_%s run_s %.4f\n", r, c, w, (ns - st) / 1e9 }' >>"$BENCH_DATA"
             done
-            # perf's CSV: COUNT,UNIT,EVENT,...
-            count() { awk -F, -v r="$r" -v w="$1" -v e="$2" \
-                '{ split($1, f, " "); v = $1; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", v) }
-                 f[1] == "rustkvm-bench-perf" && f[2] == r && f[3] == w && $3 == e { print v }' \
-                "$BENCH_DIR/run.log"; }
             for w in loop_perf work_perf; do
-                ins=$(count "$w" instructions:u) br=$(count "$w" branches:u)
+                ins=$(count "$r" "$w" instructions:u) br=$(count "$r" "$w" branches:u)
                 if [ "$b" = rustkvm ]; then
                     case "$ins$br" in ''|*[!0-9]*) bench_fail "round $r, $w: no counts (instructions '$ins', branches '$br')" ;; esac
                     if [ "$w" = loop_perf ]; then

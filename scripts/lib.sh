@@ -323,20 +323,24 @@ qemu_dir() {
 # of its own under $RUSTKVM_CACHE/apt-sid with only sid's deb-src in it, so
 # the machine's apt sources (and what `apt-get source qemu` means there)
 # stay as they are.
+# qemu_orig_cached: that path if it is there already, else nothing (no fetch).
+qemu_orig_cached() {
+    case "$(qemu_release)" in
+        10.0) ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true ;;
+        10.2) ls "$RUSTKVM_CACHE"/src/qemu_10.2.2+ds.orig.tar.xz 2>/dev/null || true ;;
+    esac
+}
 qemu_orig() {
     local rel orig v o
     rel=$(qemu_release)
     mkdir -p "$RUSTKVM_CACHE/src"
-    case "$rel" in
-        10.0) orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true) ;;
-        10.2) orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.2.2+ds.orig.tar.xz 2>/dev/null || true) ;;
-    esac
+    orig=$(qemu_orig_cached)
     if [ -n "$orig" ]; then echo "$orig"; return; fi
     case "$rel" in
         10.0)
             (cd "$RUSTKVM_CACHE/src" && apt-get source --download-only qemu >/dev/null 2>&1) \
                 || die "apt-get source qemu failed (is the deb-src entry for trixie reachable?)"
-            orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+            orig=$(qemu_orig_cached)
             ;;
         10.2)
             local a="$RUSTKVM_CACHE/apt-sid"
@@ -351,7 +355,7 @@ qemu_orig() {
             [ -n "$v" ] || die "sid's deb-src has no qemu 10.2.2 (apt-cache showsrc qemu)"
             (cd "$RUSTKVM_CACHE/src" && apt-get "${o[@]}" source --download-only "qemu=$v" >"$a/source.log" 2>&1) \
                 || die "apt-get source qemu=$v failed (log: $a/source.log)"
-            orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.2.2+ds.orig.tar.xz 2>/dev/null || true)
+            orig=$(qemu_orig_cached)
             ;;
     esac
     [ -n "$orig" ] || die "fetching QEMU $rel's source gave no orig tarball"

@@ -43,7 +43,7 @@ fi
 
 step "Debian package metadata"
 rust_version=$(awk -F'"' '/^version *=/ { print $2; exit }' "$RUSTKVM_ROOT/Cargo.toml")
-qemu_orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz | sort -V | tail -n1)
+qemu_orig=$(qemu_orig_cached)
 qemu_version=$(basename "$qemu_orig" | sed -E 's/^qemu_([0-9.]+)\+ds\.orig\.tar\.xz$/\1/')
 version="$rust_version+qemu$qemu_version"
 arch=$(dpkg --print-architecture)

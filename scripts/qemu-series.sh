@@ -66,7 +66,7 @@ if [ "$cmd" = header ]; then
 fi
 if [ "$cmd" = stat ]; then
     rev=${2:-}
-    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+    orig=$(qemu_orig_cached)
     [ -n "$orig" ] || die "no QEMU orig tarball in $RUSTKVM_CACHE/src (run scripts/build-qemu.sh once)"
     scratch=$(mktemp -d)
     trap 'rm -rf "$scratch"' EXIT
@@ -167,7 +167,7 @@ EOF
 import)
     step "import qemu-patches/ into $dir"
     [ ! -e "$dir" ] || die "$dir exists"
-    orig=$(ls "$RUSTKVM_CACHE"/src/qemu_10.0.*+ds.orig.tar.xz 2>/dev/null | sort -V | tail -n1 || true)
+    orig=$(qemu_orig_cached)
     [ -n "$orig" ] || die "no QEMU orig tarball in $RUSTKVM_CACHE/src (run scripts/build-qemu.sh once)"
     ver=$(basename "$orig" | sed -E 's/^qemu_([0-9.]+)\+ds\.orig\.tar\.xz$/\1/')
     mkdir -p "$dir"
