@@ -2,10 +2,12 @@
 # Issue 19 point 2: with the build option rustkvm off, the series' tip must
 # be stock QEMU. Builds stock QEMU (the orig tarball with Debian's fixes,
 # tag `base`) and the series' tip with the option off, one after the other
-# from the same source path and in sibling build directories, with
-# -g0 -D__LINE__=0 (an inserted line shifts __LINE__ in every later assert
-# of its file; -Wno-builtin-macro-redefined, or configure's probes see a
-# warning, take PIE for unsupported and link a PIE of -fno-pie objects),
+# from the same source path and in sibling build directories, with -g0
+# and __LINE__ defined as 0 (an inserted line shifts __LINE__ in every later
+# assert of its file) by a forced include that is a system header, so that
+# no compile warns: -D__LINE__=0 warns "redefined" whatever -W says, and
+# configure's probes then took PIE for unsupported and linked a PIE of
+# -fno-pie objects),
 # then compares every object and the stripped emulators
 # (docs/series-plan.md §3.6).
 #
@@ -21,10 +23,15 @@ set -euo pipefail
 top="$RUSTKVM_CACHE/off-check"
 repo="$top/src"
 mkdir -p "$top"
+line0="$top/line0.h"
+printf '%s\n' '/* check-off-is-stock.sh: __LINE__ is 0, without a warning */' \
+    '#pragma GCC system_header' '#undef __LINE__' '#define __LINE__ 0' >"$line0"
+cflags="-g0 -include $line0"
 qemu_ccache_env
 
 step "the series as commits ($repo)"
-key=$(cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch | sha256sum | cut -d' ' -f1)
+# The series and the flags: either changed, everything is made again.
+key=$({ cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; echo "$cflags"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$repo" "$top/repo.key" "$top"/build-*
     bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
@@ -41,7 +48,7 @@ for side in stock series; do
         rm -rf "$build"
         mkdir -p "$build"
         (cd "$build" && "$repo/configure" "${QEMU_CONFIGURE_ARGS[@]}" \
-            --disable-werror --extra-cflags='-g0 -Wno-builtin-macro-redefined -D__LINE__=0') >"$top/configure-$side.log" 2>&1 \
+            --disable-werror --extra-cflags="$cflags") >"$top/configure-$side.log" 2>&1 \
             || die "configure failed (log: $top/configure-$side.log)"
     fi
     # The checkout changed the sources' times: ninja rebuilds what differs

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use crate::guard::HangGuard;
 use crate::host;
 use crate::qemu::{self, Arch, Backend};
 use crate::run::Capture;
@@ -515,11 +516,11 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     };
     let out = Capture::spawn(child.stdout.take());
     let err = Capture::spawn(child.stderr.take());
-    let deadline = start + timeout;
+    let guard = HangGuard::new(child.id(), timeout, start);
+    let mut hang = None;
     let mut report_seen_at = None;
     let mut report_seen_instant = None;
     let mut kvm_error = None;
-    let mut timed_out = false;
     loop {
         if report_seen_at.is_none() && out.snapshot().contains(END_MARKER) {
             report_seen_at = Some(unix_now());
@@ -545,17 +546,16 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 let _ = child.kill();
             }
         }
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() >= deadline => {
-                timed_out = true;
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            Ok(None) => thread::sleep(Duration::from_millis(20)),
-            Err(_) => break,
+        if !matches!(child.try_wait(), Ok(None)) {
+            break;
         }
+        hang = guard.check();
+        if hang.is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
     }
     let console = out.finish();
     let stderr = err.finish();
@@ -568,11 +568,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         Err(why) => {
             let detail = format!(
                 "{why}{}; console tail:\n{}{}",
-                if timed_out {
-                    format!(" (timeout after {}s)", timeout.as_secs())
-                } else {
-                    String::new()
-                },
+                hang.map(|h| format!(" ({h})")).unwrap_or_default(),
                 tail(&console, 8),
                 if stderr.trim().is_empty() {
                     String::new()

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::guard::HangGuard;
 use crate::guest::GuestTest;
 use crate::qemu::{self, Arch, Backend, Variant};
 use crate::run::{self, Outcome};
@@ -74,10 +75,10 @@ pub fn hmp(sock: &mut UnixStream, cmd: &str) -> String {
 }
 
 /// Poll the monitor at `sock` until QEMU says the VM is running: false when
-/// the process exits first or `deadline` passes.
-fn wait_until_running(child: &mut Child, sock: &Path, deadline: Instant) -> bool {
+/// the process exits first or its hang `guard` fires.
+fn wait_until_running(child: &mut Child, sock: &Path, guard: &HangGuard) -> bool {
     let mut mon = None;
-    while Instant::now() < deadline {
+    while guard.check().is_none() {
         if matches!(child.try_wait(), Ok(Some(_))) {
             return false;
         }
@@ -225,13 +226,17 @@ fn move_in(
     // Everything the source's guest prints up to the move belongs to the
     // run (the destination goes on from there).
     let source_out = run::Capture::spawn(source.stdout.take());
-    let deadline = Instant::now() + test.timeout.max(Duration::from_secs(30));
+    let guard = HangGuard::new(
+        source.id(),
+        test.timeout.max(Duration::from_secs(30)),
+        Instant::now(),
+    );
     while !source_out
         .snapshot()
         .lines()
         .any(|l| l.trim_end() == "ready")
     {
-        if Instant::now() >= deadline || matches!(source.try_wait(), Ok(Some(_))) {
+        if guard.check().is_some() || matches!(source.try_wait(), Ok(Some(_))) {
             let _ = source.kill();
             let _ = source.wait();
             return Err(HarnessError::Usage(format!(
@@ -292,21 +297,20 @@ fn move_in(
     // could reach the UART before the incoming state overwrites it). A
     // destination that refuses the state never gets one.
     let mut stdin = child.stdin.take();
-    if wait_until_running(&mut child, &dst_sock_path, start + timeout) {
+    let guard = HangGuard::new(child.id(), timeout, start);
+    if wait_until_running(&mut child, &dst_sock_path, &guard) {
         if let Some(s) = stdin.as_mut() {
             let _ = s.write_all(b"g");
             let _ = s.flush();
         }
     }
-    let (code, timed_out) =
-        run::wait_with_timeout(&mut child, timeout.saturating_sub(start.elapsed()))
-            .map_err(io("waiting".into()))?;
+    let (code, hang) =
+        run::wait_with_timeout(&mut child, timeout, start).map_err(io("waiting".into()))?;
     drop(stdin);
     let outcome = run::judge(
         arch,
         code,
-        timed_out,
-        timeout,
+        hang,
         before + &out.finish(),
         err.finish(),
         start.elapsed(),

@@ -285,8 +285,7 @@ mod tests {
             outcome: judge(
                 Arch::Aarch64,
                 Some(code),
-                false,
-                Duration::from_secs(1),
+                None,
                 serial.into(),
                 String::new(),
                 Duration::ZERO,

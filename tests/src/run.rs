@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::guard::{Hang, HangGuard};
 use crate::guest::{Expected, GuestTest};
 use crate::host;
 use crate::qemu::{self, Arch, Backend, Variant};
@@ -151,21 +152,23 @@ impl Capture {
     }
 }
 
-/// Wait for `child` up to `timeout`; kill it after. Returns the exit code
-/// (None when killed or ended by a signal) and whether it timed out.
+/// Wait for `child`, started at `start`, until it ends or its hang guard
+/// (limit `timeout`, [`HangGuard`]) fires; kill it then. Returns the exit
+/// code (None when killed or ended by a signal) and the hang, if it hung.
 pub fn wait_with_timeout(
     child: &mut Child,
     timeout: Duration,
-) -> std::io::Result<(Option<i32>, bool)> {
-    let deadline = Instant::now() + timeout;
+    start: Instant,
+) -> std::io::Result<(Option<i32>, Option<Hang>)> {
+    let guard = HangGuard::new(child.id(), timeout, start);
     loop {
         if let Some(status) = child.try_wait()? {
-            return Ok((status.code(), false));
+            return Ok((status.code(), None));
         }
-        if Instant::now() >= deadline {
+        if let Some(hang) = guard.check() {
             let _ = child.kill();
             child.wait()?;
-            return Ok((None, true));
+            return Ok((None, Some(hang)));
         }
         thread::sleep(Duration::from_millis(5));
     }
@@ -278,22 +281,14 @@ pub fn run_with(
         })?;
     let out = Capture::spawn(child.stdout.take());
     let err = Capture::spawn(child.stderr.take());
-    let (code, timed_out) =
-        wait_with_timeout(&mut child, timeout).map_err(|source| HarnessError::Io {
+    let (code, hang) =
+        wait_with_timeout(&mut child, timeout, start).map_err(|source| HarnessError::Io {
             what: format!("waiting for {}", exe.display()),
             source,
         })?;
     let serial = out.finish();
     let stderr = err.finish();
-    let outcome = judge(
-        arch,
-        code,
-        timed_out,
-        timeout,
-        serial,
-        stderr,
-        start.elapsed(),
-    );
+    let outcome = judge(arch, code, hang, serial, stderr, start.elapsed());
     let outcome = if opts.is_plain() {
         let outcome = hold_to_declaration(test, arch, variant, backend, outcome);
         crate::record_verdict(
@@ -426,8 +421,7 @@ impl std::fmt::Display for Summary {
 pub fn judge(
     arch: Arch,
     code: Option<i32>,
-    timed_out: bool,
-    timeout: Duration,
+    hang: Option<Hang>,
     serial: String,
     stderr: String,
     elapsed: Duration,
@@ -470,8 +464,8 @@ pub fn judge(
             .map(|(n, w)| format!("{n}: {w}"))
             .unwrap_or_else(|| "guest skipped".to_string())
     };
-    let status = if timed_out {
-        Status::Fail(format!("timeout after {}s", timeout.as_secs()))
+    let status = if let Some(hang) = hang {
+        Status::Fail(hang.to_string())
     } else {
         match guest {
             Some(GUEST_PASS | GUEST_FAIL) if first_failure.is_some() => {
@@ -593,8 +587,7 @@ mod tests {
         judge(
             arch,
             code,
-            false,
-            Duration::from_secs(1),
+            None,
             serial.to_string(),
             "rustkvm: x86_64 vcpu 0: resets=1 cpuid=2\nrustkvm: x86_64 vcpu 1: resets=1 cpuid=3\n"
                 .into(),
@@ -635,13 +628,19 @@ mod tests {
         let t = judge(
             Arch::X86_64,
             None,
-            true,
-            Duration::from_secs(7),
+            crate::guard::judge(
+                Duration::from_secs(7),
+                Duration::from_secs(9),
+                Some(Duration::from_secs(7)),
+            ),
             String::new(),
             String::new(),
             Duration::ZERO,
         );
-        assert_eq!(t.status, Status::Fail("timeout after 7s".into()));
+        assert_eq!(
+            t.status,
+            Status::Fail("timeout after 7s (hung: 7s of CPU time used in 9s)".into())
+        );
     }
 
     #[test]

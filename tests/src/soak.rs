@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::guard::HangGuard;
 use crate::guest::GuestTest;
 use crate::qemu::{self, Arch, Backend, Variant};
 use crate::qmp::{Qmp, QmpError};
@@ -741,16 +742,20 @@ impl Vm {
                 self.stdin = Some(stdin);
             }
         }
-        let told = Instant::now();
-        let (status, timed_out) = loop {
+        let guard = HangGuard::new(self.child.id(), cfg.exit_limit, Instant::now());
+        let (status, hang) = loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break (Some(status), false),
-                Ok(None) if told.elapsed() < cfg.exit_limit => {
+                Ok(Some(status)) => break (Some(status), None),
+                Ok(None) => {
+                    if let Some(hang) = guard.check() {
+                        let _ = self.child.kill();
+                        break (self.child.wait().ok(), Some(hang));
+                    }
                     thread::sleep(Duration::from_millis(20))
                 }
-                _ => {
+                Err(_) => {
                     let _ = self.child.kill();
-                    break (self.child.wait().ok(), true);
+                    break (self.child.wait().ok(), None);
                 }
             }
         };
@@ -772,17 +777,15 @@ impl Vm {
         let outcome = run::judge(
             self.arch,
             code,
-            timed_out,
-            cfg.exit_limit,
+            hang,
             serial,
             stderr,
             self.started.elapsed(),
         );
         let guest_status = code.and_then(|c| self.arch.guest_status(c));
-        if timed_out {
+        if let Some(hang) = hang {
             self.fail(format!(
-                "the guest did not exit within {} s of being told to stop",
-                cfg.exit_limit.as_secs()
+                "the guest did not exit after being told to stop: {hang}"
             ));
         } else if guest_status.is_none() {
             self.report.crashes += 1;
