@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 19 point 2: with the build option rustkvm off, the series' tip must
-# be stock QEMU. Builds stock QEMU (the orig tarball with Debian's fixes,
-# tag `base`) and the series' tip with the option off, one after the other
+# be stock QEMU. Builds stock QEMU (the orig tarball with Debian's fixes
+# and the series' standalone fixes, which are meant for upstream and are
+# not gated: the parent of the first `rustkvm:` commit) and the series'
+# tip with the option off, one after the other
 # from the same source path and in sibling build directories, with -g0
 # and __LINE__ defined as 0 (an inserted line shifts __LINE__ in every later
 # assert of its file) by a forced include that is a system header, so that
@@ -27,11 +29,14 @@ line0="$top/line0.h"
 printf '%s\n' '/* check-off-is-stock.sh: __LINE__ is 0, without a warning */' \
     '#pragma GCC system_header' '#undef __LINE__' '#define __LINE__ 0' >"$line0"
 cflags="-g0 -include $line0"
+# decodetree iterates Python sets: one hash seed, or its output (the order
+# of a decoder's field extractions) differs from run to run.
+export PYTHONHASHSEED=0
 qemu_ccache_env
 
 step "the series as commits ($repo)"
 # The series and the flags: either changed, everything is made again.
-key=$({ cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; echo "$cflags"; } | sha256sum | cut -d' ' -f1)
+key=$({ cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; echo "$cflags $PYTHONHASHSEED"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$repo" "$top/repo.key" "$top"/build-*
     bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
@@ -39,8 +44,12 @@ if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     echo "$key" >"$top/repo.key"
 fi
 
+# Stock is upstream with the fixes meant for it (0001-0003 today).
+stock=$(git -C "$repo" log --reverse --format='%H %s' base..series | awk '$2 == "rustkvm:" { print $1; exit }')
+[ -n "$stock" ] || die "no rustkvm: commit in the series"
+stock=$(git -C "$repo" rev-parse "$stock^")
 for side in stock series; do
-    if [ "$side" = stock ]; then rev=base; else rev=series; fi
+    if [ "$side" = stock ]; then rev=$stock; else rev=series; fi
     build="$top/build-$side"
     step "$side ($rev): configure and build, option off"
     git -C "$repo" checkout -q -f "$rev"
