@@ -59,6 +59,7 @@ step "apply qemu-patches/*.patch"
 # Debian's own build fixes for its blob-less tarball first (not part of
 # the series), then the series; a release's own versions of a patch
 # replace the shared one (scripts/lib.sh qemu_patches).
+qemu_ports_check
 mapfile -t patches < <(qemu_patches)
 shared=("$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch)
 [ "${#patches[@]}" -ge "${#shared[@]}" ] || die "qemu_patches listed ${#patches[@]} patches, fewer than qemu-patches/ holds"

@@ -382,6 +382,32 @@ qemu_patches() {
     done
 }
 
+# qemu_ports_check: every patch of qemu-patches/RELEASE/ that replaces a
+# shared one says which version of it it was ported from (a
+# `Ported-from-sha256:` line, the sha256 of the shared file, in the notes
+# after its `---`); a shared patch changed since is a stale port, refused:
+# the change must be ported to the release first.
+qemu_ports_check() {
+    local rel d f name want have bad=0
+    rel=$(qemu_release)
+    d="$RUSTKVM_ROOT/qemu-patches"
+    for f in "$d/$rel"/*.patch; do
+        [ -f "$f" ] || continue
+        name=$(basename "$f")
+        [ -f "$d/$name" ] || continue
+        want=$(sha256sum <"$d/$name" | cut -d' ' -f1)
+        have=$(sed -n 's/^Ported-from-sha256: \([0-9a-f]\{64\}\)$/\1/p' "$f")
+        if [ -z "$have" ]; then
+            echo "qemu-patches/$rel/$name has no Ported-from-sha256: line" >&2
+            bad=1
+        elif [ "$have" != "$want" ]; then
+            echo "qemu-patches/$rel/$name was ported from another version of qemu-patches/$name (sha256 $have, now $want): port the change" >&2
+            bad=1
+        fi
+    done
+    [ "$bad" = 0 ] || die "QEMU $rel's versions of the series are stale (docs/building.md, \"Two QEMU releases\")"
+}
+
 # The compiler cache every QEMU build here shares (build-qemu.sh,
 # build-qemu-series.sh).
 qemu_ccache_env() {

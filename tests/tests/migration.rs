@@ -41,9 +41,21 @@ fn a_rustkvm_stream_is_refused_by_a_qemu_without_rustkvm() {
         exe: stock_x86(),
         backend: Backend::Tcg,
     };
+    // The machine type both releases know (ours may be QEMU 10.2, whose
+    // `pc` is pc-i440fx-10.2: stock 10.0 would refuse it for that alone).
+    let machine = ["-M".to_string(), "pc-i440fx-10.0".to_string()];
     for how in [Transfer::Live, Transfer::SaveVm] {
-        let r = migrate::move_midway(&t, Arch::X86_64, Variant::Default, &src, &dst, how)
-            .expect("moved");
+        let r = migrate::move_midway_with_args(
+            &t,
+            Arch::X86_64,
+            Variant::Default,
+            &[],
+            &machine,
+            &src,
+            &dst,
+            how,
+        )
+        .expect("moved");
         assert_ne!(
             r.code,
             Some(0),
