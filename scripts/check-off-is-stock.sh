@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Issue 19 point 2: with the build option rustkvm off, the series' tip must
-# be stock QEMU. Builds stock QEMU (the orig tarball with Debian's fixes
-# and the series' standalone fixes, which are meant for upstream and are
-# not gated: the parent of the first `rustkvm:` commit) and the series'
-# tip with the option off, one after the other
-# from the same source path and in sibling build directories, with -g0
-# and __LINE__ defined as 0 (an inserted line shifts __LINE__ in every later
-# assert of its file) by a forced include that is a system header, so that
-# no compile warns: -D__LINE__=0 warns "redefined" whatever -W says, and
-# configure's probes then took PIE for unsupported and linked a PIE of
-# -fno-pie objects),
-# then compares every object and the stripped emulators
+# be stock QEMU. Builds stock QEMU and the series' tip with the option off,
+# one after the other, from the same source path and in sibling build
+# directories, then compares every object and the stripped emulators
 # (docs/series-plan.md §3.6).
+#
+# Stock is the orig tarball with Debian's fixes and the series' standalone
+# fixes (meant for upstream, not gated): the parent of the first `rustkvm:`
+# commit. Both builds use -g0 and a forced include, a system header, that
+# defines __LINE__ as 0: a line the series inserts shifts __LINE__ in every
+# later assert of its file. (-D__LINE__=0 warned "redefined" whatever -W
+# said, and configure's probes then took PIE for unsupported and linked a
+# PIE of -fno-pie objects.)
 #
 #   scripts/check-off-is-stock.sh
 #

@@ -304,8 +304,7 @@ fn move_in(
             let _ = s.flush();
         }
     }
-    let (code, hang) =
-        run::wait_with_timeout(&mut child, timeout, start).map_err(io("waiting".into()))?;
+    let (code, hang) = run::wait_guarded(&mut child, &guard).map_err(io("waiting".into()))?;
     drop(stdin);
     let outcome = run::judge(
         arch,

@@ -152,15 +152,13 @@ impl Capture {
     }
 }
 
-/// Wait for `child`, started at `start`, until it ends or its hang guard
-/// (limit `timeout`, [`HangGuard`]) fires; kill it then. Returns the exit
-/// code (None when killed or ended by a signal) and the hang, if it hung.
-pub fn wait_with_timeout(
+/// Wait for `child` until it ends or its hang `guard` fires; kill it then.
+/// Returns the exit code (None when killed or ended by a signal) and the
+/// hang, if it hung.
+pub fn wait_guarded(
     child: &mut Child,
-    timeout: Duration,
-    start: Instant,
+    guard: &HangGuard,
 ) -> std::io::Result<(Option<i32>, Option<Hang>)> {
-    let guard = HangGuard::new(child.id(), timeout, start);
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok((status.code(), None));
@@ -281,11 +279,11 @@ pub fn run_with(
         })?;
     let out = Capture::spawn(child.stdout.take());
     let err = Capture::spawn(child.stderr.take());
-    let (code, hang) =
-        wait_with_timeout(&mut child, timeout, start).map_err(|source| HarnessError::Io {
-            what: format!("waiting for {}", exe.display()),
-            source,
-        })?;
+    let guard = HangGuard::new(child.id(), timeout, start);
+    let (code, hang) = wait_guarded(&mut child, &guard).map_err(|source| HarnessError::Io {
+        what: format!("waiting for {}", exe.display()),
+        source,
+    })?;
     let serial = out.finish();
     let stderr = err.finish();
     let outcome = judge(arch, code, hang, serial, stderr, start.elapsed());
