@@ -405,7 +405,7 @@ qemu_ports_check() {
             bad=1
         fi
     done
-    [ "$bad" = 0 ] || die "QEMU $rel's versions of the series are stale (docs/building.md, \"Two QEMU releases\")"
+    [ "$bad" = 0 ] || die "QEMU $rel's versions of the series are stale (docs/building.md, \"The 10.2 port\")"
 }
 
 # The compiler cache every QEMU build here shares (build-qemu.sh,
