@@ -7,9 +7,9 @@
 //! `rustkvm-probe --busy AMOUNT [--perf]` only the steal-share workload
 //! (`busy`), after the perf sections with `--perf`; `rustkvm-probe
 //! --call-chain ROUNDS` only the known call chain (`chain`), for perf's
-//! branch records and call graphs; `--three-instruction-loop ROUNDS` (x86)
-//! only that loop, printing its instructions' addresses (`loop-ips A B C`),
-//! for precise sampling.
+//! branch records and call graphs; `--three-instruction-loop ROUNDS CPU`
+//! (x86) only that loop, pinned to CPU, printing its instructions'
+//! addresses (`loop-ips A B C`), for precise sampling.
 //!
 //! Two modes print no report, for `scripts/bench-perf-stat.sh`: `--spin N`
 //! runs only the workload's two-instruction loop N times (`dec; jnz` /
@@ -87,8 +87,15 @@ fn main() {
             o
         }
         #[cfg(target_arch = "x86_64")]
-        [flag, rounds] if flag == "--three-instruction-loop" => {
+        [flag, rounds, cpu] if flag == "--three-instruction-loop" => {
             let rounds = rounds.parse().unwrap_or(1_000_000);
+            let cpu = cpu.parse().unwrap_or(usize::MAX);
+            if !rustkvm_probe::system::pin_to(cpu) {
+                // (errno is EINVAL for a CPU the mask cannot name)
+                let e = std::io::Error::last_os_error();
+                eprintln!("rustkvm-probe: cannot run on CPU {cpu}: {e}");
+                std::process::exit(1);
+            }
             let at = rustkvm_probe::chain::three_instruction_loop(rounds);
             println!("loop-ips {:x} {:x} {:x}", at[0], at[1], at[2]);
             rustkvm_probe::json::Json::obj()

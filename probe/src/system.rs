@@ -71,8 +71,14 @@ pub fn online_cpus() -> Vec<usize> {
     }
 }
 
-/// Pin the calling thread to `cpu`.
+/// Pin the calling thread to `cpu` (false, errno EINVAL, for a CPU a
+/// cpu_set_t cannot name).
 pub fn pin_to(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return false;
+    }
     // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

@@ -386,12 +386,24 @@ echo "branch stacks=$all in-chain=$n a-calls-b=$ab b-calls-c=$bc c-returns-to-b=
 /// its three instructions, and since the period is 1 modulo 3, exact
 /// N-spaced samples walk them in order, which each consecutive pair must
 /// do. Under tcg there is no PMU: perf fails.
+///
+/// The event is CPU 1's (`perf record -C 1`), with the probe pinned there
+/// and everything else on CPU 0. A task's event is stopped when the task is
+/// switched out and restarted when it comes back, and x86's restart
+/// (`x86_perf_event_set_period`, arch/x86/events/core.c: "certain CPUs
+/// dont like it if just 1 hw_event is left") makes a period that had one
+/// event left two long, which shifts every later sample by one
+/// instruction, on hardware as here. A CPU's event is never restarted for a
+/// switch, and the kernel threads that take CPU 1 meanwhile retire no user
+/// instructions. (CI found it: the probe was switched out with one event
+/// left, and the walk skipped an instruction.)
 #[test]
 fn x86_perf_precise_samples_land_on_the_exact_instructions_n_apart() {
     let cmd = format!(
         "{NO_TIME_THROTTLING} \
-         perf record -q -e instructions:uppp -c 100003 -o /tmp/p \
-         /rustkvm-probe --three-instruction-loop 3000000 | grep loop-ips || exit 1; \
+         taskset -pc 0 $$ >/dev/null || exit 1; \
+         perf record -q -C 1 -e instructions:uppp -c 100003 -o /tmp/p \
+         /rustkvm-probe --three-instruction-loop 3000000 1 | grep loop-ips || exit 1; \
          perf script -i /tmp/p -F ip | sed 's/^ */sample /'; \
          perf report -i /tmp/p --stats 2>/dev/null | grep -E 'THROTTLE|LOST' | sed 's/^ */stats /'"
     );
