@@ -64,7 +64,7 @@ step "QEMU $other: the bundled-guest matrix (RUSTKVM_QEMU=$other cargo test --te
 other_status=1
 if [ "$other_built" = 1 ]; then
     set +e
-    "${other_env[@]}" RUSTKVM_VERDICT_LOG="$verdicts" \
+    "${other_env[@]}" RUSTKVM_VERDICT_LOG="$verdicts" RUSTKVM_VERDICT_PREFIX="qemu-$other:" \
         cargo test -p rustkvm-tests --test guests --no-fail-fast 2>&1 | tee -a "$log"
     other_status=${PIPESTATUS[0]}
     set -e

@@ -65,6 +65,11 @@ pub enum HarnessError {
 /// own verdicts (a cargo test that only saw SKIPs still "passes").
 pub const VERDICT_LOG_ENV: &str = "RUSTKVM_VERDICT_LOG";
 
+/// What goes before each label in the verdict log, if set: scripts/test.sh
+/// runs the bundled guests on the other QEMU release too and names those
+/// verdicts `qemu-RELEASE:`.
+pub const VERDICT_PREFIX_ENV: &str = "RUSTKVM_VERDICT_PREFIX";
+
 /// Append one run's verdict to the verdict log, if one is named.
 pub fn record_verdict(label: &str, status: &Status) {
     use std::io::Write;
@@ -77,13 +82,10 @@ pub fn record_verdict(label: &str, status: &Status) {
         Status::Skip(w) => ("SKIP", w.as_str()),
     };
     let flat = |s: &str| s.replace(['\t', '\n', '\r'], " ");
-    // A run on the other QEMU release says so (scripts/test.sh runs the
-    // bundled guests on both).
-    let label = match std::env::var("RUSTKVM_QEMU") {
-        Ok(r) if r != "10.0" => format!("qemu-{r}:{label}"),
-        _ => label.to_string(),
-    };
-    let line = format!("{word}\t{}\t{}\n", flat(&label), flat(why));
+    // A run that is not the suite's own says which it is
+    // ([`VERDICT_PREFIX_ENV`]).
+    let prefix = std::env::var(VERDICT_PREFIX_ENV).unwrap_or_default();
+    let line = format!("{word}\t{}{}\t{}\n", flat(&prefix), flat(label), flat(why));
     // One write of one short line to an O_APPEND file: lines from parallel
     // tests do not interleave.
     let written = std::fs::OpenOptions::new()
