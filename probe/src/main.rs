@@ -89,10 +89,8 @@ fn main() {
         #[cfg(target_arch = "x86_64")]
         [flag, rounds, cpu] if flag == "--three-instruction-loop" => {
             let rounds = rounds.parse().unwrap_or(1_000_000);
-            let cpu = cpu.parse().unwrap_or(usize::MAX);
-            if !rustkvm_probe::system::pin_to(cpu) {
-                // (errno is EINVAL for a CPU the mask cannot name)
-                let e = std::io::Error::last_os_error();
+            let pinned = cpu.parse().map_err(std::io::Error::other);
+            if let Err(e) = pinned.and_then(rustkvm_probe::system::pin_to) {
                 eprintln!("rustkvm-probe: cannot run on CPU {cpu}: {e}");
                 std::process::exit(1);
             }

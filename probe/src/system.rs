@@ -71,19 +71,24 @@ pub fn online_cpus() -> Vec<usize> {
     }
 }
 
-/// Pin the calling thread to `cpu` (false, errno EINVAL, for a CPU a
-/// cpu_set_t cannot name).
-pub fn pin_to(cpu: usize) -> bool {
+/// Pin the calling thread to `cpu`.
+pub fn pin_to(cpu: usize) -> std::io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
-        // SAFETY: errno is this thread's.
-        unsafe { *libc::__errno_location() = libc::EINVAL };
-        return false;
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "beyond what a cpu_set_t names",
+        ));
     }
     // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
-    unsafe {
+    let r = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -216,7 +221,8 @@ pub fn steal(busy_ms: u64) -> Json {
         .iter()
         .map(|&cpu| {
             std::thread::spawn(move || {
-                pin_to(cpu);
+                // (unpinned, it still spins)
+                let _ = pin_to(cpu);
                 spin_for(Duration::from_millis(busy_ms));
             })
         })
@@ -271,7 +277,7 @@ pub fn clocks(rounds: u32) -> Json {
     let mut samples = 0u64;
     for _ in 0..rounds.max(1) {
         for &cpu in &cpus {
-            if !pin_to(cpu) {
+            if pin_to(cpu).is_err() {
                 continue;
             }
             let mono = now_ns(libc::CLOCK_MONOTONIC);
@@ -290,7 +296,7 @@ pub fn clocks(rounds: u32) -> Json {
         }
     }
     if let Some(&first) = cpus.first() {
-        pin_to(first);
+        let _ = pin_to(first);
     }
     let mut o = Json::obj();
     o.set("cpus", cpus.len())
