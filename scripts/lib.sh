@@ -387,7 +387,12 @@ qemu_patches() {
 # `Ported-from-sha256:` line, the sha256 of the shared file, in the notes
 # after its `---`); a shared patch changed since is a stale port, refused:
 # the change must be ported to the release first.
+# qemu_ports_stale: the same, as a status (1: some port is stale, each
+# named on stderr) for a caller that goes on (qemu-series.sh import).
 qemu_ports_check() {
+    qemu_ports_stale || die "QEMU $(qemu_release)'s versions of the series are stale (docs/building.md, \"The 10.2 port\")"
+}
+qemu_ports_stale() {
     local rel d f name want have bad=0
     rel=$(qemu_release)
     d="$RUSTKVM_ROOT/qemu-patches"
@@ -405,7 +410,7 @@ qemu_ports_check() {
             bad=1
         fi
     done
-    [ "$bad" = 0 ] || die "QEMU $rel's versions of the series are stale (docs/building.md, \"The 10.2 port\")"
+    return "$bad"
 }
 
 # The compiler cache every QEMU build here shares (build-qemu.sh,

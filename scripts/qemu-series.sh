@@ -11,6 +11,15 @@
 #                                       per qemu-patches/*.patch
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
 #                                       after `base` (format-patch)
+#
+#   With RUSTKVM_QEMU=10.2 (scripts/lib.sh qemu_release), import takes that
+#   release's orig tarball and series (its own version of a patch where
+#   qemu-patches/10.2/ has one; a stale one is imported as it is and named),
+#   and export writes qemu-patches/10.2/: the commits the shared patches do
+#   not make exactly, each with the Ported-from-sha256 of the shared patch
+#   it ports. Porting a change of a shared patch: import 10.2, make the
+#   change in that patch's commit, rebase, export (docs/building.md, "The
+#   10.2 port").
 #   scripts/qemu-series.sh check DIR    every file each commit of DIR after
 #                                       `base` touches has its #if/#endif
 #                                       balanced at that commit (a cheap
@@ -178,8 +187,14 @@ import)
         git -C "$dir" -c user.name=upstream -c user.email=upstream@invalid \
         commit -q -m "QEMU $ver ($(basename "$orig"))"
     git -C "$dir" tag upstream
-    debian=("$patches_dir"/debian/*.patch)
-    for p in "${debian[@]}" "$patches_dir"/*.patch; do
+    # The release's series (scripts/lib.sh qemu_patches: a file of
+    # qemu-patches/RELEASE/ replaces the shared one of its name).
+    mapfile -t series < <(qemu_patches)
+    last_debian=
+    for p in "${series[@]}"; do
+        case "$p" in */debian/*) last_debian=$p ;; esac
+    done
+    for p in "${series[@]}"; do
         # The patch's author, date, subject and message: its mail header
         # (format-patch), or else the text before its first diff.
         python3 - "$p" "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env" <<'EOF'
@@ -239,23 +254,75 @@ EOF
         git -C "$dir" add -A -f
         # shellcheck disable=SC1091
         (. "$dir/.git/rustkvm-env" && git -C "$dir" commit -q --allow-empty -F .git/rustkvm-msg)
-        if [ "$p" = "${debian[-1]}" ]; then
+        if [ "$p" = "$last_debian" ]; then
             git -C "$dir" tag base
         fi
     done
     rm -f "$dir/.git/rustkvm-msg" "$dir/.git/rustkvm-env"
     ok "$(git -C "$dir" rev-list --count base..HEAD) commits on QEMU $ver (and Debian's fixes) in $dir"
+    # A stale port is imported as it is, for the change to be ported there.
+    qemu_ports_stale || ok "imported as they are: port the changes named above into $dir's commits, then export"
     ;;
 export)
-    step "export $dir's commits after base to qemu-patches/"
     git -C "$dir" rev-parse -q --verify base >/dev/null || die "$dir has no base tag"
     out=$(mktemp -d)
     git -C "$dir" format-patch -q --zero-commit --no-signature --abbrev=12 \
         -o "$out" base..HEAD
-    rm -f "$patches_dir"/*.patch
-    mv "$out"/*.patch "$patches_dir"/
-    rmdir "$out"
-    ok "$(ls "$patches_dir"/*.patch | wc -l) patches in qemu-patches/"
+    rel=$(qemu_release)
+    if [ "$rel" = "$(RUSTKVM_QEMU='' qemu_release)" ]; then
+        step "export $dir's commits after base to qemu-patches/"
+        rm -f "$patches_dir"/*.patch
+        mv "$out"/*.patch "$patches_dir"/
+        rmdir "$out"
+        ok "$(ls "$patches_dir"/*.patch | wc -l) patches in qemu-patches/"
+        exit 0
+    fi
+    # Another release: DIR holds that release's series, a commit for each
+    # shared patch, in order. A commit that the shared patch, applied with
+    # patch(1) to the commit's parent, makes exactly is that patch; any
+    # other is written to qemu-patches/RELEASE/ under the shared patch's
+    # name, with the sha256 of the shared patch it ports after its `---`
+    # (Ported-from-sha256: scripts/lib.sh qemu_ports_check).
+    step "export $dir's commits after base as QEMU $rel's versions of the series (qemu-patches/$rel/)"
+    mapfile -t exported < <(ls "$out"/*.patch)
+    mapfile -t shared < <(ls "$patches_dir"/*.patch)
+    [ "${#exported[@]}" = "${#shared[@]}" ] \
+        || die "$dir has ${#exported[@]} commits after base, the shared series ${#shared[@]} patches"
+    mapfile -t commits < <(git -C "$dir" rev-list --reverse base..HEAD)
+    wt=$(mktemp -d)
+    rmdir "$wt"
+    git -C "$dir" worktree add -q --detach "$wt" base
+    mkdir -p "$patches_dir/$rel"
+    rm -f "$patches_dir/$rel"/*.patch
+    ported=0
+    for i in "${!commits[@]}"; do
+        c=${commits[$i]}
+        p=${shared[$i]}
+        name=$(basename "$p")
+        git -C "$wt" checkout -q --detach "$c^"
+        same=0
+        if patch -d "$wt" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null 2>&1; then
+            git -C "$wt" add -A -f
+            if git -C "$wt" diff --cached --quiet "$c"; then same=1; fi
+        fi
+        git -C "$wt" reset -q --hard
+        git -C "$wt" clean -qfdx
+        if [ "$same" = 0 ]; then
+            sha=$(sha256sum <"$p" | cut -d' ' -f1)
+            python3 - "${exported[$i]}" "$patches_dir/$rel/$name" "$sha" <<'EOF'
+import sys
+src, dst, sha = sys.argv[1:4]
+s = open(src).read()
+i = s.index("\n---\n") + 5
+open(dst, "w").write(s[:i] + f"Ported-from-sha256: {sha}\n" + s[i:])
+EOF
+            ported=$((ported + 1))
+            echo "    ${name%%-*}: QEMU $rel's own version"
+        fi
+    done
+    git -C "$dir" worktree remove --force "$wt"
+    rm -rf "$out"
+    ok "$ported of ${#shared[@]} patches have QEMU $rel versions in qemu-patches/$rel/; the others are shared"
     ;;
 *) die "unknown command $cmd (import or export)" ;;
 esac
