@@ -11,15 +11,6 @@
 #                                       per qemu-patches/*.patch
 #   scripts/qemu-series.sh export DIR   qemu-patches/*.patch := DIR's commits
 #                                       after `base` (format-patch)
-#
-#   With RUSTKVM_QEMU=10.2 (scripts/lib.sh qemu_release), import takes that
-#   release's orig tarball and series (its own version of a patch where
-#   qemu-patches/10.2/ has one; a stale one is imported as it is and named),
-#   and export writes qemu-patches/10.2/: the commits the shared patches do
-#   not make exactly, each with the Ported-from-sha256 of the shared patch
-#   it ports. Porting a change of a shared patch: import 10.2, make the
-#   change in that patch's commit, rebase, export (docs/building.md, "The
-#   10.2 port").
 #   scripts/qemu-series.sh check DIR    every file each commit of DIR after
 #                                       `base` touches has its #if/#endif
 #                                       balanced at that commit (a cheap
@@ -37,6 +28,15 @@
 #                                       := accel/include/rustkvm.h (import
 #                                       into a scratch repository, amend the
 #                                       patch that adds it, rebase, export)
+#
+#   With RUSTKVM_QEMU=10.2 (scripts/lib.sh qemu_release), import takes that
+#   release's orig tarball and series (its own version of a patch where
+#   qemu-patches/10.2/ has one; a stale one is imported as it is and named),
+#   and export writes qemu-patches/10.2/: the commits the shared patches do
+#   not make exactly, each with the Ported-from-sha256 of the shared patch
+#   it ports. Porting a change of a shared patch: import 10.2, make the
+#   change in that patch's commit, rebase, export (docs/building.md, "The
+#   10.2 port").
 #
 # Not part of the build: scripts/build-qemu.sh applies qemu-patches/ with
 # patch(1), which reads format-patch files as they are.
@@ -291,6 +291,7 @@ export)
     mapfile -t commits < <(git -C "$dir" rev-list --reverse base..HEAD)
     wt=$(mktemp -d)
     rmdir "$wt"
+    trap 'git -C "$dir" worktree remove --force "$wt" 2>/dev/null; rm -rf "$out"' EXIT
     git -C "$dir" worktree add -q --detach "$wt" base
     mkdir -p "$patches_dir/$rel"
     rm -f "$patches_dir/$rel"/*.patch
@@ -320,8 +321,6 @@ EOF
             echo "    ${name%%-*}: QEMU $rel's own version"
         fi
     done
-    git -C "$dir" worktree remove --force "$wt"
-    rm -rf "$out"
     ok "$ported of ${#shared[@]} patches have QEMU $rel versions in qemu-patches/$rel/; the others are shared"
     ;;
 *) die "unknown command $cmd (import or export)" ;;
