@@ -71,7 +71,7 @@ if [ "$(cat "$QSRC.key" 2>/dev/null)" != "$key" ]; then
     top="$tmp/qemu-$ver"
     [ -d "$top" ] || die "unexpected layout in $orig (no qemu-$ver/)"
     for p in "${patches[@]}"; do
-        patch -d "$top" -p1 --batch --forward --quiet --no-backup-if-mismatch < "$p" >"$tmp/patch.log" 2>&1 \
+        qemu_apply "$top" "$p" >"$tmp/patch.log" 2>&1 \
             || { cat "$tmp/patch.log" >&2; die "patch $(basename "$p") does not apply to QEMU $ver"; }
     done
     # Copy only what differs, so unchanged files keep their mtimes and ninja rebuilds

@@ -382,6 +382,19 @@ qemu_patches() {
     done
 }
 
+# qemu_apply DIR PATCH: apply one patch of the series to the tree DIR as
+# every script here does (build-qemu.sh, qemu-series.sh: a tree it makes
+# is the build's); patch(1)'s report on its standard output.
+qemu_apply() {
+    patch -d "$1" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$2"
+}
+
+# qemu_port_sha PATCH: the sha256 a port names its shared patch by
+# (Ported-from-sha256, below).
+qemu_port_sha() {
+    sha256sum <"$1" | cut -d' ' -f1
+}
+
 # qemu_ports_check: every patch of qemu-patches/RELEASE/ that replaces a
 # shared one says which version of it it was ported from (a
 # `Ported-from-sha256:` line, the sha256 of the shared file, in the notes
@@ -400,7 +413,7 @@ qemu_ports_stale() {
         [ -f "$f" ] || continue
         name=$(basename "$f")
         [ -f "$d/$name" ] || continue
-        want=$(sha256sum <"$d/$name" | cut -d' ' -f1)
+        want=$(qemu_port_sha "$d/$name")
         have=$(sed -n 's/^Ported-from-sha256: \([0-9a-f]\{64\}\)$/\1/p' "$f")
         if [ -z "$have" ]; then
             echo "qemu-patches/$rel/$name has no Ported-from-sha256: line" >&2

@@ -91,7 +91,7 @@ if [ "$cmd" = stat ]; then
     n=0
     for p in "$scratch"/patches/qemu-patches/debian/*.patch "$scratch"/patches/qemu-patches/*.patch; do
         [ -f "$p" ] || continue
-        patch -d "$scratch/b" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null \
+        qemu_apply "$scratch/b" "$p" >/dev/null \
             || die "$(basename "$p") does not apply"
         case "$p" in */debian/*) ;; *) n=$((n + 1)) ;; esac
     done
@@ -249,7 +249,7 @@ with open(env_out, 'w') as f:
                  ('GIT_COMMITTER_EMAIL', email), ('GIT_COMMITTER_DATE', date)):
         f.write(f"export {k}='{v}'\n")
 EOF
-        patch -d "$dir" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null \
+        qemu_apply "$dir" "$p" >/dev/null \
             || die "$(basename "$p") does not apply"
         git -C "$dir" add -A -f
         # shellcheck disable=SC1091
@@ -302,14 +302,14 @@ export)
         name=$(basename "$p")
         git -C "$wt" checkout -q --detach "$c^"
         same=0
-        if patch -d "$wt" -p1 --batch --forward --quiet --no-backup-if-mismatch <"$p" >/dev/null 2>&1; then
+        if qemu_apply "$wt" "$p" >/dev/null 2>&1; then
             git -C "$wt" add -A -f
             if git -C "$wt" diff --cached --quiet "$c"; then same=1; fi
         fi
         git -C "$wt" reset -q --hard
         git -C "$wt" clean -qfdx
         if [ "$same" = 0 ]; then
-            sha=$(sha256sum <"$p" | cut -d' ' -f1)
+            sha=$(qemu_port_sha "$p")
             python3 - "${exported[$i]}" "$patches_dir/$rel/$name" "$sha" <<'EOF'
 import sys
 src, dst, sha = sys.argv[1:4]
