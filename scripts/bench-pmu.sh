@@ -26,6 +26,12 @@
 # what the model alone changes).
 # Then, ROUNDS runs of x86-wrmsr-cost: guest-measured cycles of a WRMSR to a
 # PMU MSR against a WRMSR TCG handles itself (interleaved inside the guest).
+# With RUSTKVM_BENCH_BASELINE=DIR (another build directory, e.g. the build
+# before a change: scripts/lib.sh), each round instead runs tcg_intel,
+# pmu_off, intel_idle, intel_count, amd_idle, amd_count and lbr_idle on this
+# build and on that one (base_CONFIG), alternating, with ratios
+# CONFIG/base_CONFIG: what the change costs each configuration (issue 21
+# point 3: LBR and PEBS unused within 1.01x of the build before them).
 # Usage: scripts/bench-pmu.sh [ROUNDS]   (default 5)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -36,9 +42,13 @@ qemu=$(bash scripts/qemu-path x86_64)
 insn="$(dirname "$qemu")/tests/tcg/plugins/libinsn.so"
 bin="$RUSTKVM_ROOT/tests/guests/target/x86_64-unknown-none/release"
 intel=qemu64,vendor=GenuineIntel
+[ -z "${RUSTKVM_BENCH_BASELINE:-}" ] || bench_prepare_baseline x86_64
 bench_one() {
-    local guest=plugin-workload accel=rustkvm cpu extra=()
-    case "$1" in
+    local guest=plugin-workload accel=rustkvm cpu extra=() q=$qemu c=$1
+    case "$c" in
+        base_*) q=$baseline_qemu c=${c#base_} ;;
+    esac
+    case "$c" in
         tcg_intel) accel=tcg cpu=$intel ;;
         pmu_off) cpu=$intel,pmu=off ;;
         intel_idle) cpu=$intel,pmu=on ;;
@@ -54,12 +64,12 @@ bench_one() {
         *) die "unknown configuration $1" ;;
     esac
     # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
-    bench_run "$guest, -accel $accel -cpu $cpu ${extra[*]}" 1 \
-        "$qemu" -M pc -cpu "$cpu" -accel "$accel" -display none -serial stdio -monitor none \
+    bench_run "$guest, -accel $accel -cpu $cpu ${extra[*]} ($q)" 1 \
+        "$q" -M pc -cpu "$cpu" -accel "$accel" -display none -serial stdio -monitor none \
         -nodefaults -device isa-debug-exit,iobase=0xf4,iosize=4 -kernel "$bin/$guest" "${extra[@]}"
     bench_guest_passed
     bench_same checksum "$(awk '$1 == "measure" && $2 == "checksum" { print $3 }' "$BENCH_DIR/run.log")"
-    case "$1" in
+    case "$c" in
         insn_plugin) bench_expect '^total insns: [1-9]' ;;
         *_count) bench_value instructions >/dev/null ;;
         lbr_record) bench_value tos >/dev/null ;;
@@ -68,6 +78,20 @@ bench_one() {
     echo "cpu_s $BENCH_CPU"
 }
 bench_begin "scripts/bench-pmu.sh $rounds"
+if [ -n "${RUSTKVM_BENCH_BASELINE:-}" ]; then
+    configs=(tcg_intel pmu_off intel_idle intel_count amd_idle amd_count lbr_idle)
+    order=()
+    for c in "${configs[@]}"; do order+=("$c" "base_$c"); done
+    bench_alternate "$rounds" "${order[@]}"
+    ratios=()
+    for q in cpu_s s; do
+        for c in "${configs[@]}"; do
+            mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" "base_$c" "$c")
+        done
+    done
+    bench_report "${ratios[@]}"
+    exit 0
+fi
 bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count \
     tcg_maxi lbr_idle lbr_record
 ratios=()

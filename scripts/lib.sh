@@ -29,6 +29,11 @@ die() { printf 'rustkvm: step "%s" failed: %s\n' "${_step:-?}" "$*" >&2; exit 1;
 #       outside the clone changes).
 #   RUSTKVM_BENCH_ORDER=shuffle   each round runs its configurations in a
 #       random order instead of the fixed one (default: fixed, A B C A B C).
+#   RUSTKVM_BENCH_BASELINE=DIR   another QEMU build directory (e.g. one
+#       scripts/build-qemu.sh made from an earlier commit, with
+#       RUSTKVM_QEMU_SRC/RUSTKVM_QEMU_BUILD pointing at a private pair): the
+#       scripts that support it (bench-pmu.sh) then compare this build with
+#       that one, configuration by configuration, in the same rounds.
 #
 # The QEMU build (and the Linux images) are shared by every clone and may be
 # rebuilt while a benchmark runs, which would then compare different
@@ -92,6 +97,28 @@ bench_prepare_qemu() {
     done
     RUSTKVM_CACHE="$BENCH_DIR/cache" RUSTKVM_QEMU_BUILD="$snap"
     export RUSTKVM_CACHE RUSTKVM_QEMU_BUILD
+}
+
+# bench_prepare_baseline ARCH: with RUSTKVM_BENCH_BASELINE set, a copy of
+# that build's ARCH emulator in the scratch directory (beside links to its
+# firmware), checked to list rustkvm; sets `baseline_qemu` to it. The build
+# must not change while it is copied (its emulator's time is the same
+# before and after), and is named in the header (BENCH_BASELINE_STAMP).
+bench_prepare_baseline() {
+    local b=${RUSTKVM_BENCH_BASELINE:?} dir t
+    bench_scratch
+    dir="$BENCH_DIR/baseline"
+    mkdir -p "$dir"
+    ln -sfn "$b/qemu-bundle" "$dir/qemu-bundle"
+    ln -sfn "$b/pc-bios" "$dir/pc-bios"
+    t=$(stat -c '%y' "$b/qemu-system-$1" 2>/dev/null) || die "no qemu-system-$1 in RUSTKVM_BENCH_BASELINE=$b"
+    pgrep -f -- "ninja -C $b " >/dev/null && die "RUSTKVM_BENCH_BASELINE=$b is being built"
+    cp "$b/qemu-system-$1" "$dir/" || die "copying $b/qemu-system-$1 failed"
+    [ "$(stat -c '%y' "$b/qemu-system-$1")" = "$t" ] || die "RUSTKVM_BENCH_BASELINE=$b changed while it was copied"
+    "$dir/qemu-system-$1" -accel help 2>/dev/null | grep -qx rustkvm \
+        || die "the baseline's qemu-system-$1 does not list the rustkvm accelerator"
+    baseline_qemu="$dir/qemu-system-$1"
+    BENCH_BASELINE_STAMP="$b (qemu-system-$1 built ${t%.*})"
 }
 
 # Benchmarks over the bundled guests: QEMU, the guests and the guest runner
@@ -166,6 +193,7 @@ bench_begin() {
         read -ra t <<<"$BENCH_STAMP"
         printf '# emulators: a copy of the build (x86_64 built %s %s, aarch64 %s %s; patch set key %s)\n' "${t[@]}"
     fi
+    [ -z "${BENCH_BASELINE_STAMP:-}" ] || printf '# baseline: a copy of %s\n' "$BENCH_BASELINE_STAMP"
     printf '# order: %s\n' "${RUSTKVM_BENCH_ORDER:-fixed}"
 }
 
