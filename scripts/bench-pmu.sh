@@ -32,6 +32,12 @@
 # build and on that one (base_CONFIG), alternating, with ratios
 # CONFIG/base_CONFIG: what the change costs each configuration (issue 21
 # point 3: LBR and PEBS unused within 1.01x of the build before them).
+# RUSTKVM_BENCH_CONFIGS="A B ..." runs only those configurations there.
+# RUSTKVM_BENCH_HOST_INSNS=1 runs every QEMU under valgrind's cachegrind
+# (no cache simulation) and records the host instructions it executed
+# (host_insns) besides the times: a count, so a ratio of it resolves what
+# this machine's run-to-run time noise (about +-25 % per run here) cannot,
+# at about 25 times the run time.
 # Usage: scripts/bench-pmu.sh [ROUNDS]   (default 5)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -43,6 +49,10 @@ insn="$(dirname "$qemu")/tests/tcg/plugins/libinsn.so"
 bin="$RUSTKVM_ROOT/tests/guests/target/x86_64-unknown-none/release"
 intel=qemu64,vendor=GenuineIntel
 [ -z "${RUSTKVM_BENCH_BASELINE:-}" ] || bench_prepare_baseline x86_64
+if [ "${RUSTKVM_BENCH_HOST_INSNS:-0}" = 1 ] && ! command -v valgrind >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 valgrind >/dev/null \
+        || die "apt-get install valgrind failed"
+fi
 bench_one() {
     local guest=plugin-workload accel=rustkvm cpu extra=() q=$qemu c=$1
     case "$c" in
@@ -64,8 +74,11 @@ bench_one() {
         *) die "unknown configuration $1" ;;
     esac
     # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
+    local vg=()
+    [ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] \
+        || vg=(valgrind --tool=cachegrind --cache-sim=no --smc-check=all-non-file --cachegrind-out-file=/dev/null)
     bench_run "$guest, -accel $accel -cpu $cpu ${extra[*]} ($q)" 1 \
-        "$q" -M pc -cpu "$cpu" -accel "$accel" -display none -serial stdio -monitor none \
+        "${vg[@]}" "$q" -M pc -cpu "$cpu" -accel "$accel" -display none -serial stdio -monitor none \
         -nodefaults -device isa-debug-exit,iobase=0xf4,iosize=4 -kernel "$bin/$guest" "${extra[@]}"
     bench_guest_passed
     bench_same checksum "$(awk '$1 == "measure" && $2 == "checksum" { print $3 }' "$BENCH_DIR/run.log")"
@@ -76,15 +89,21 @@ bench_one() {
     esac
     echo "s $BENCH_SECS"
     echo "cpu_s $BENCH_CPU"
+    if [ "${RUSTKVM_BENCH_HOST_INSNS:-0}" = 1 ]; then
+        echo "host_insns $(awk '/== I +refs:/ { gsub(",", "", $4); print $4 }' "$BENCH_DIR/run.log" | grep -E '^[0-9]+$' \
+            || bench_fail "no cachegrind count in its output")"
+    fi
 }
 bench_begin "scripts/bench-pmu.sh $rounds"
 if [ -n "${RUSTKVM_BENCH_BASELINE:-}" ]; then
-    configs=(tcg_intel pmu_off intel_idle intel_count amd_idle amd_count lbr_idle)
+    read -ra configs <<<"${RUSTKVM_BENCH_CONFIGS:-tcg_intel pmu_off intel_idle intel_count amd_idle amd_count lbr_idle}"
     order=()
     for c in "${configs[@]}"; do order+=("$c" "base_$c"); done
     bench_alternate "$rounds" "${order[@]}"
     ratios=()
-    for q in cpu_s s; do
+    qs=(cpu_s s)
+    [ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] || qs=(host_insns "${qs[@]}")
+    for q in "${qs[@]}"; do
         for c in "${configs[@]}"; do
             mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" "base_$c" "$c")
         done
