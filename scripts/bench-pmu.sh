@@ -20,6 +20,8 @@
 #               PMU with LBR (PDCM), never enabled
 #   lbr_record  the same, LBR recording every taken branch throughout
 #               (x86-lbr-workload)
+#   pebs_sample the same model, PEBS sampling instructions throughout: a
+#               basic record every 100 000 (x86-pebs-workload)
 # Every run must pass (guest summary, exit status) with the workload's usual
 # checksum. Each run's CPU time (QEMU's user + system) and wall time; ratios
 # of both to the baseline of the same CPU model, per round (tcg_max/tcg_intel:
@@ -71,6 +73,7 @@ bench_one() {
         tcg_maxi) accel=tcg cpu=max,vendor=GenuineIntel ;;
         lbr_idle) cpu=max,vendor=GenuineIntel,pmu=on ;;
         lbr_record) cpu=max,vendor=GenuineIntel,pmu=on guest=x86-lbr-workload ;;
+        pebs_sample) cpu=max,vendor=GenuineIntel,pmu=on guest=x86-pebs-workload ;;
         *) die "unknown configuration $1" ;;
     esac
     # isa-debug-exit: a guest that passes exits with status (0 << 1) | 1.
@@ -86,6 +89,7 @@ bench_one() {
         insn_plugin) bench_expect '^total insns: [1-9]' ;;
         *_count) bench_value instructions >/dev/null ;;
         lbr_record) bench_value tos >/dev/null ;;
+        pebs_sample) bench_value records >/dev/null ;;
     esac
     echo "s $BENCH_SECS"
     echo "cpu_s $BENCH_CPU"
@@ -112,12 +116,12 @@ if [ -n "${RUSTKVM_BENCH_BASELINE:-}" ]; then
     exit 0
 fi
 bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count \
-    tcg_maxi lbr_idle lbr_record
+    tcg_maxi lbr_idle lbr_record pebs_sample
 ratios=()
 for q in cpu_s s; do
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_max amd_off amd_idle amd_count)
-    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_maxi lbr_idle lbr_record)
+    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_maxi lbr_idle lbr_record pebs_sample)
     mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel tcg_max)
 done
 bench_report "${ratios[@]}"

@@ -173,13 +173,36 @@ pub const LBR_TO: u32 = 0x6c0;
 /// See [`LBR_SELECT`].
 pub const LBR_INFO: u32 = 0xdc0;
 
-/// The vCPU's PERF_CAPABILITIES.LBR_FMT (0: no LBR, or no PDCM and so no
-/// PERF_CAPABILITIES at all).
-pub fn lbr_format() -> u64 {
+/// IA32_PMC0's full-width alias (with PDCM: 48-bit writes), SDM vol. 3B
+/// 20.2.6.
+pub const PMC0_FULL: u32 = 0x4c1;
+/// PERF_CAPABILITIES.PEBS_FORMAT (bits 11:8), SDM vol. 3B 20.9.
+pub const PEBS_FMT: u64 = 0xf << 8;
+/// IA32_PEBS_ENABLE: a counter's PEBS bit (GP n: bit n, fixed n: 32 + n),
+/// SDM vol. 3B 20.6.2.4.
+pub const PEBS_ENABLE: u32 = 0x3f1;
+/// MSR_PEBS_DATA_CFG: an adaptive record's groups, SDM vol. 3B 20.9.2.
+pub const DATA_CFG: u32 = 0x3f2;
+/// IA32_DS_AREA: the linear address of the DS save area, SDM vol. 3B 19.6.3.4.
+pub const DS_AREA: u32 = 0x600;
+
+/// PERF_CAPABILITIES, or 0 without PDCM (and so without the MSR).
+fn perf_capabilities() -> u64 {
     let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
     if pdcm {
-        arch::rdmsr(PERF_CAPABILITIES).unwrap_or(0) & LBR_FMT
+        arch::rdmsr(PERF_CAPABILITIES).unwrap_or(0)
     } else {
         0
     }
+}
+
+/// The vCPU's PERF_CAPABILITIES.LBR_FMT (0: no LBR, or no PDCM and so no
+/// PERF_CAPABILITIES at all).
+pub fn lbr_format() -> u64 {
+    perf_capabilities() & LBR_FMT
+}
+
+/// The vCPU's PERF_CAPABILITIES.PEBS_FORMAT (0: no PEBS, or no PDCM).
+pub fn pebs_format() -> u64 {
+    (perf_capabilities() & PEBS_FMT) >> 8
 }

@@ -23,13 +23,10 @@ fn main(t: &mut Test) {
     use guest::arch::{self, rdmsr, set_lapic_reg, wrmsr};
     use guest::println;
     use guest::x86_pmu::{
-        EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES,
+        pebs_format, DATA_CFG, DS_AREA, EN, EVTSEL0, GLOBAL_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED,
+        OS, PEBS_ENABLE, PMC0_FULL,
     };
 
-    const PEBS_ENABLE: u32 = 0x3f1;
-    const DATA_CFG: u32 = 0x3f2;
-    const DS_AREA: u32 = 0x600;
-    const PMC0_FULL: u32 = 0x4c1;
     const MASK: u64 = (1 << 48) - 1;
     /// COM1's line status register; bit 0: a byte arrived.
     const COM1_LSR: u32 = 0x3fd;
@@ -39,8 +36,7 @@ fn main(t: &mut Test) {
     static mut DS: Page = Page([0; 512]);
     static mut BUF: Page = Page([0; 512]);
 
-    let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;
-    if !pdcm || rdmsr(PERF_CAPABILITIES).unwrap_or(0) & 0xf00 == 0 {
+    if pebs_format() == 0 {
         t.skip("x86-pebs-migrate", "no PERF_CAPABILITIES.PEBS_FORMAT");
         return;
     }

@@ -35,18 +35,14 @@ mod pebs {
     use core::arch::asm;
     use guest::arch::{self, set_lapic_reg};
     use guest::x86_pmu::{
-        popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL,
-        GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PERF_CAPABILITIES, PMC0, SVR,
+        popf_sti, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL,
+        GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PEBS_ENABLE, PEBS_FMT,
+        PERF_CAPABILITIES, PMC0, PMC0_FULL, SVR,
     };
     use guest::{Backend, Test};
 
-    const PEBS_ENABLE: u32 = 0x3f1;
-    const DATA_CFG: u32 = 0x3f2;
-    const DS_AREA: u32 = 0x600;
     /// PERF_CAPABILITIES: PEBS_TRAP, PEBS_ARCH_REG, format (11:8), baseline.
-    const PEBS_CAPS: u64 = 1 << 6 | 1 << 7 | 0xf << 8 | 1 << 14;
-    /// IA32_PMCx full-width writes.
-    const PMC0_FULL: u32 = 0x4c1;
+    const PEBS_CAPS: u64 = 1 << 6 | 1 << 7 | PEBS_FMT | 1 << 14;
     /// EVTSEL's ADAPTIVE bit.
     const ADAPTIVE: u64 = 1 << 34;
     /// GLOBAL_STATUS bit 62: a record reached the threshold.
@@ -289,7 +285,7 @@ mod pebs {
         } else {
             0
         };
-        if caps & 0xf00 == 0 {
+        if caps & PEBS_FMT == 0 {
             t.skip("x86-pebs", "no PERF_CAPABILITIES.PEBS_FORMAT");
             return;
         }

@@ -36,7 +36,7 @@ mod pmu {
     use guest::x86_pmu::{
         branch_loop, counted_loop, nop_sled, popf_sti, rd, wr, EN, EVTSEL0, FIXED_CTR0,
         FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, INT, LVTPC, LVT_MASKED,
-        LVT_NMI, OS, PMC0, SVR, USR,
+        LVT_NMI, OS, PMC0, PMC0_FULL, SVR, USR,
     };
     use guest::{Test, Tolerance};
     /// What hardware (the `kvm` backend) may add to a count around the
@@ -254,7 +254,6 @@ mod pmu {
         let pdcm = arch::cpuid(1, 0)[2] & (1 << 15) != 0;
         t.measure("pdcm", format_args!("{}", u8::from(pdcm)));
         if pdcm {
-            const PMC0_FULL: u32 = 0x4c1;
             t.eq(
                 "full-width.48-bits",
                 arch::wrmsr(PMC0_FULL, (1 << 48) - 1),
