@@ -34,7 +34,8 @@
 # build and on that one (base_CONFIG), alternating, with ratios
 # CONFIG/base_CONFIG: what the change costs each configuration (issue 21
 # point 3: LBR and PEBS unused within 1.01x of the build before them).
-# RUSTKVM_BENCH_CONFIGS="A B ..." runs only those configurations there.
+# RUSTKVM_BENCH_CONFIGS="A B ..." runs only those configurations (and
+# without a baseline, no x86-wrmsr-cost).
 # RUSTKVM_BENCH_HOST_INSNS=1 runs every QEMU under valgrind's cachegrind
 # (no cache simulation) and records the host instructions it executed
 # (host_insns) besides the times: a count, so a ratio of it resolves what
@@ -115,16 +116,31 @@ if [ -n "${RUSTKVM_BENCH_BASELINE:-}" ]; then
     bench_report "${ratios[@]}"
     exit 0
 fi
-bench_alternate "$rounds" tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off amd_idle amd_count \
-    tcg_maxi lbr_idle lbr_record pebs_sample
+read -ra configs <<<"${RUSTKVM_BENCH_CONFIGS:-tcg_intel pmu_off intel_idle intel_count insn_plugin tcg_max amd_off \
+    amd_idle amd_count tcg_maxi lbr_idle lbr_record pebs_sample}"
+bench_alternate "$rounds" "${configs[@]}"
+# ratios_of QUANTITY BASE CONFIG...: bench_ratios for those that ran.
+ratios_of() {
+    local q=$1 base=$2 c
+    shift 2
+    [[ " ${configs[*]} " == *" $base "* ]] || return 0
+    for c in "$@"; do
+        [[ " ${configs[*]} " != *" $c "* ]] || bench_ratios "$q" "$base" "$c"
+    done
+}
 ratios=()
-for q in cpu_s s; do
-    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
-    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_max amd_off amd_idle amd_count)
-    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_maxi lbr_idle lbr_record pebs_sample)
-    mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" tcg_intel tcg_max)
+qs=(cpu_s s)
+[ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] || qs=(host_insns "${qs[@]}")
+for q in "${qs[@]}"; do
+    mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
+    mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_max amd_off amd_idle amd_count)
+    mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_maxi lbr_idle lbr_record pebs_sample)
+    mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" lbr_idle pebs_sample)
+    mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_intel tcg_max)
 done
 bench_report "${ratios[@]}"
+# A chosen set of configurations measures those only.
+[ -z "${RUSTKVM_BENCH_CONFIGS:-}" ] || exit 0
 echo
 echo "# x86-wrmsr-cost: guest TSC cycles per WRMSR, PMU MSR vs one TCG handles"
 : >"$BENCH_DATA"
