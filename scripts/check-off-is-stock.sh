@@ -13,7 +13,8 @@
 # said, and configure's probes then took PIE for unsupported and linked a
 # PIE of -fno-pie objects.)
 #
-#   scripts/check-off-is-stock.sh
+#   scripts/check-off-is-stock.sh                   # QEMU 10.0 (the default)
+#   RUSTKVM_QEMU=10.2 scripts/check-off-is-stock.sh # QEMU 10.2
 #
 # One difference is allowed, and checked for what it is: QAPI. The series'
 # schema module (qapi/rustkvm.json) is under `if: CONFIG_RUSTKVM_ANY`, so
@@ -37,7 +38,11 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-top="$RUSTKVM_CACHE/off-check"
+# RUSTKVM_QEMU=10.2 checks QEMU 10.2's series (its own directory).
+case "$(qemu_release)" in
+    10.0) top="$RUSTKVM_CACHE/off-check" ;;
+    *) top="$RUSTKVM_CACHE/off-check-$(qemu_release)" ;;
+esac
 repo="$top/src"
 mkdir -p "$top"
 line0="$top/line0.h"
@@ -51,7 +56,8 @@ qemu_ccache_env
 
 step "the series as commits ($repo)"
 # The series and the flags: either changed, everything is made again.
-key=$({ cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch; echo "$cflags $PYTHONHASHSEED"; } | sha256sum | cut -d' ' -f1)
+mapfile -t patches < <(qemu_patches)
+key=$({ cat "${patches[@]}"; echo "$(qemu_release) $cflags $PYTHONHASHSEED"; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$repo" "$top/repo.key" "$top"/build-*
     bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
@@ -85,9 +91,10 @@ git -C "$repo" checkout -q -f series
 
 step "compare the objects and the stripped emulators"
 # The QAPI objects allowed to differ (see the top), as find prints them.
-qapi_introspect='^\./libqemu-[a-z0-9_]+-softmmu\.a\.p/meson-generated_\.\._qapi_qapi-introspect\.c\.o$'
+# (10.0 compiles the introspection data per target, 10.2 once.)
+qapi_introspect='^\./lib(qemu-[a-z0-9_]+-softmmu|qemuutil)\.a\.p/meson-generated_\.\._qapi_qapi-introspect\.c\.o$'
 qapi_rustkvm='^\./libqemuutil\.a\.p/meson-generated_\.\._(qapi_qapi-[a-z]+-rustkvm|trace_trace-qapi_[a-z]+_rustkvm_trace_events)\.c\.o$'
-differ=0 only=0 qapi=0 names=0
+differ=0 only=0 qapi=0 names=0 introspect=()
 (cd "$top/build-stock" && find . -name '*.o' | sort) >"$top/objects-stock"
 (cd "$top/build-series" && find . -name '*.o' | sort) >"$top/objects-series"
 while read -r o; do
@@ -95,6 +102,7 @@ while read -r o; do
         if [[ "$o" =~ $qapi_introspect ]]; then
             echo "    differs (QAPI's numbering): $o"
             qapi=$((qapi + 1))
+            introspect+=("$o")
         elif objcopy --discard-all "$top/build-stock/$o" "$top/x.stock.o" \
             && objcopy --discard-all "$top/build-series/$o" "$top/x.series.o" \
             && cmp -s "$top/x.stock.o" "$top/x.series.o"; then
@@ -117,28 +125,41 @@ while read -r side o; do
         only=$((only + 1))
     fi
 done < <(comm -3 "$top/objects-stock" "$top/objects-series" | sed -E 's/^\t(.*)$/series \1/; t; s/^/stock /')
-# off_relinked_is_stock EMULATOR: the series' EMULATOR linked again with
-# stock's qapi-introspect.c.o in place of its own is, stripped, stock's
-# (then the introspection data is all that differs). The object is swapped
-# with its own time kept, so ninja relinks only; both are put back after.
+# off_relinked_is_stock EMULATOR: the series' EMULATOR built again with
+# stock's qapi-introspect.c.o in place of its own is, stripped, stock's:
+# then the introspection data is all that differs. The object is swapped
+# with its time kept (a newer one would be compiled again), and the
+# emulator and the object's archive are removed, so that ninja archives
+# and links again and compiles nothing; the series' objects are put back
+# the same way after, and the emulator built again.
 off_relinked_is_stock() {
-    local e=$1 o t=${1#qemu-system-} st=0
-    o="libqemu-$t-softmmu.a.p/meson-generated_.._qapi_qapi-introspect.c.o"
-    cp -p "$top/build-series/$e" "$top/keep.exe"
-    cp -p "$top/build-series/$o" "$top/keep.o"
-    cp "$top/build-stock/$o" "$top/build-series/$o"
-    touch -r "$top/keep.o" "$top/build-series/$o"
-    rm -f "$top/build-series/$e"
-    if ninja -C "$top/build-series" "$e" >"$top/relink-$e.log" 2>&1; then
+    local e=$1 o st=0
+    off_swap() { # FROM: each introspection object from FROM, time kept
+        for o in "${introspect[@]}"; do
+            cp "$1/$o" "$top/build-series/$o.new"
+            touch -r "$top/build-series/$o" "$top/build-series/$o.new"
+            mv "$top/build-series/$o.new" "$top/build-series/$o"
+            rm -f "$top/build-series/${o%%.p/*}"
+        done
+        rm -f "$top/build-series/$e"
+    }
+    mkdir -p "$top/keep"
+    for o in "${introspect[@]}"; do
+        mkdir -p "$top/keep/$(dirname "$o")"
+        cp -p "$top/build-series/$o" "$top/keep/$o"
+    done
+    off_swap "$top/build-stock"
+    if ninja -C "$top/build-series" "$e" >"$top/relink-$e.log" 2>&1 \
+        && ! grep -q 'Compiling' "$top/relink-$e.log"; then
         strip -o "$top/$e.relinked" "$top/build-series/$e"
         cmp -s "$top/$e.relinked" "$top/$e.stock" || st=1
     else
-        echo "    relinking $e failed (log: $top/relink-$e.log)"
+        echo "    building $e with stock's introspection failed or compiled (log: $top/relink-$e.log)"
         st=1
     fi
-    cp -p "$top/keep.o" "$top/build-series/$o"
-    cp -p "$top/keep.exe" "$top/build-series/$e"
-    rm -f "$top/keep.o" "$top/keep.exe"
+    off_swap "$top/keep"
+    rm -rf "$top/keep"
+    ninja -C "$top/build-series" "$e" >>"$top/relink-$e.log" 2>&1 || die "building $e back failed (log: $top/relink-$e.log)"
     return "$st"
 }
 bins=0 schema=0
@@ -157,7 +178,7 @@ for e in qemu-system-x86_64 qemu-system-aarch64; do
     fi
     if cmp -s "$top/$e.stock" "$top/$e.series"; then
         echo "    same: $e (stripped)"
-    elif [ "$qapi" -gt 0 ] && off_relinked_is_stock "$e"; then
+    elif [ "${#introspect[@]}" -gt 0 ] && off_relinked_is_stock "$e"; then
         echo "    differs: $e (stripped), by QAPI's introspection data alone (linked with stock's, it is stock's)"
     else
         echo "    differs: $e (stripped)"
