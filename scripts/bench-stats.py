@@ -77,9 +77,12 @@ def main(argv):
         columns.append((label, True, ratio))
 
     def formatter(vs, ratio):
-        """One format per row: integers as such, else decimals by magnitude."""
+        """One format per row: integers as such, else decimals by magnitude;
+        ratios to 3 places, or 5 when all are within 1 % of 1 (a ratio of
+        counts resolves that)."""
         if ratio:
-            return lambda v: f"{v:.3f}"
+            places = 5 if all(abs(v - 1) < 0.01 for v in vs) else 3
+            return lambda v: f"{v:.{places}f}"
         if all(v == int(v) for v in vs):
             return lambda v: f"{v:.0f}"
         top = max(abs(v) for v in vs)
