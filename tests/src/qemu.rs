@@ -186,8 +186,22 @@ impl fmt::Display for Variant {
 /// Path of the patched emulator for `arch`, from `scripts/qemu-path` (the
 /// one place that knows where the build lives).
 pub fn emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
+    emulator_of(arch, None)
+}
+
+/// [`emulator`] of QEMU `release` ("10.0", "10.2") when given: that
+/// release's own build, whatever `RUSTKVM_QEMU` and `RUSTKVM_QEMU_BUILD`
+/// select, unless they select that release.
+fn emulator_of(arch: Arch, release: Option<&str>) -> Result<PathBuf, HarnessError> {
     let script = crate::repo_root().join("scripts").join("qemu-path");
-    let out = Command::new(&script)
+    let mut cmd = Command::new(&script);
+    let selected = std::env::var("RUSTKVM_QEMU").unwrap_or_else(|_| "10.0".into());
+    if let Some(r) = release.filter(|r| *r != selected) {
+        cmd.env("RUSTKVM_QEMU", r)
+            .env_remove("RUSTKVM_QEMU_BUILD")
+            .env_remove("RUSTKVM_SANITIZE");
+    }
+    let out = cmd
         .arg(arch.name())
         .output()
         .map_err(|source| HarnessError::Io {
@@ -236,7 +250,14 @@ pub fn rustkvm_plugin() -> Result<PathBuf, HarnessError> {
 }
 
 pub fn plugin(name: &str) -> Result<PathBuf, HarnessError> {
-    let exe = emulator(Arch::X86_64)?;
+    plugin_of(name, None)
+}
+
+/// [`plugin`] from QEMU `release`'s build (see [`emulator_of`]): a plugin
+/// for another QEMU of that release, whose plugin API it must match (10.2's
+/// need API version 5, which 10.0 refuses).
+pub fn plugin_of(name: &str, release: Option<&str>) -> Result<PathBuf, HarnessError> {
+    let exe = emulator_of(Arch::X86_64, release)?;
     let path = exe
         .parent()
         .unwrap_or(Path::new("."))
