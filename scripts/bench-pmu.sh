@@ -100,14 +100,14 @@ bench_one() {
     fi
 }
 bench_begin "scripts/bench-pmu.sh $rounds"
+qs=(cpu_s s)
+[ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] || qs=(host_insns "${qs[@]}")
 if [ -n "${RUSTKVM_BENCH_BASELINE:-}" ]; then
     read -ra configs <<<"${RUSTKVM_BENCH_CONFIGS:-tcg_intel pmu_off intel_idle intel_count amd_idle amd_count lbr_idle}"
     order=()
     for c in "${configs[@]}"; do order+=("$c" "base_$c"); done
     bench_alternate "$rounds" "${order[@]}"
     ratios=()
-    qs=(cpu_s s)
-    [ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] || qs=(host_insns "${qs[@]}")
     for q in "${qs[@]}"; do
         for c in "${configs[@]}"; do
             mapfile -t -O "${#ratios[@]}" ratios < <(bench_ratios "$q" "base_$c" "$c")
@@ -129,8 +129,6 @@ ratios_of() {
     done
 }
 ratios=()
-qs=(cpu_s s)
-[ "${RUSTKVM_BENCH_HOST_INSNS:-0}" != 1 ] || qs=(host_insns "${qs[@]}")
 for q in "${qs[@]}"; do
     mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_intel pmu_off intel_idle intel_count insn_plugin)
     mapfile -t -O "${#ratios[@]}" ratios < <(ratios_of "$q" tcg_max amd_off amd_idle amd_count)
