@@ -186,6 +186,60 @@ pub const DATA_CFG: u32 = 0x3f2;
 /// IA32_DS_AREA: the linear address of the DS save area, SDM vol. 3B 19.6.3.4.
 pub const DS_AREA: u32 = 0x600;
 
+/// A 4 KiB page of words.
+#[repr(C, align(4096))]
+struct Page([u64; 512]);
+static mut DS_PAGE: Page = Page([0; 512]);
+static mut PEBS_PAGE: Page = Page([0; 512]);
+
+/// The PEBS guests' two pages: the DS save area (SDM vol. 3B 19.6.3.4;
+/// its PEBS fields are words 4-7, the reset values from word 8) and the
+/// PEBS buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PebsPage {
+    /// The DS save area IA32_DS_AREA points at.
+    Ds,
+    /// The buffer the DS area's PEBS fields describe.
+    Buffer,
+}
+
+impl PebsPage {
+    fn ptr(self) -> *mut u64 {
+        match self {
+            PebsPage::Ds => (&raw mut DS_PAGE).cast(),
+            PebsPage::Buffer => (&raw mut PEBS_PAGE).cast(),
+        }
+    }
+
+    /// The page's address (identity-mapped: linear and physical).
+    pub fn addr(self) -> u64 {
+        self.ptr() as u64
+    }
+
+    /// Word `i` (< 512), read as the vCPU's PEBS assist left it.
+    pub fn word(self, i: usize) -> u64 {
+        assert!(i < 512, "word {i} of a 512-word page");
+        // SAFETY: i < 512 inside a static page; volatile: the vCPU's PEBS
+        // assist writes it behind the compiler's back.
+        unsafe { self.ptr().add(i).read_volatile() }
+    }
+
+    /// Set word `i` (< 512).
+    pub fn set(self, i: usize, value: u64) {
+        assert!(i < 512, "word {i} of a 512-word page");
+        // SAFETY: i < 512 inside a static page; the guest runs on one vCPU
+        // and no interrupt handler touches these pages.
+        unsafe { self.ptr().add(i).write_volatile(value) }
+    }
+
+    /// Zero the page.
+    pub fn clear(self) {
+        for i in 0..512 {
+            self.set(i, 0);
+        }
+    }
+}
+
 /// PERF_CAPABILITIES, or 0 without PDCM (and so without the MSR).
 fn perf_capabilities() -> u64 {
     let pdcm = arch::cpuid(1, 0)[2] & 1 << 15 != 0;

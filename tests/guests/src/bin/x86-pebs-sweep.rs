@@ -37,6 +37,7 @@ fn main(t: &mut Test) {
 mod sweep {
     use core::arch::asm;
     use guest::arch::{self, set_lapic_reg};
+    use guest::x86_pmu::PebsPage::{Buffer, Ds};
     use guest::x86_pmu::{
         pebs_format, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
         GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PEBS_ENABLE,
@@ -93,26 +94,6 @@ mod sweep {
     /// Cases whose buffer held records (each verified), and records seen.
     static mut WITH_RECORDS: (u64, u64) = (0, 0);
 
-    #[repr(C, align(4096))]
-    struct Page([u64; 512]);
-    static mut DS: Page = Page([0; 512]);
-    static mut BUF: Page = Page([0; 512]);
-
-    fn ds() -> *mut u64 {
-        (&raw mut DS).cast()
-    }
-
-    fn buf() -> *mut u64 {
-        (&raw mut BUF).cast()
-    }
-
-    /// Word `i` of a page.
-    fn word(page: *mut u64, i: usize) -> u64 {
-        // SAFETY: i < 512 inside a static page; volatile: the vCPU's PEBS
-        // assist writes it.
-        unsafe { page.add(i).read_volatile() }
-    }
-
     /// A record's size for DATA_CFG `cfg`, adaptive or not.
     fn record_size(cfg: u64, adaptive: bool) -> u64 {
         let mut size = 32;
@@ -138,14 +119,8 @@ mod sweep {
 
     /// pmu_pebs's reset_pebs: buffers, PEBS and every counter cleared.
     fn reset(baseline: bool, (gp, fixed): (usize, usize)) {
-        // SAFETY: one vCPU writes its own static pages while nothing counts
-        // (GLOBAL_CTRL is 0: never set yet, or cleared by the last case).
-        unsafe {
-            for i in 0..512 {
-                ds().add(i).write_volatile(0);
-                buf().add(i).write_volatile(0);
-            }
-        }
+        Ds.clear();
+        Buffer.clear();
         wr(PEBS_ENABLE, 0);
         wr(DS_AREA, 0);
         if baseline {
@@ -169,15 +144,11 @@ mod sweep {
         if baseline {
             wr(DATA_CFG, cfg);
         }
-        let base = buf() as u64;
-        // SAFETY: as in reset.
-        unsafe {
-            ds().add(4).write_volatile(base); // pebs_buffer_base
-            ds().add(5).write_volatile(base); // pebs_index
-            ds().add(6).write_volatile(base + 4096); // pebs_absolute_maximum
-            ds().add(7)
-                .write_volatile(base + record_size(cfg, adaptive)); // threshold
-        }
+        let base = Buffer.addr();
+        Ds.set(4, base); // pebs_buffer_base
+        Ds.set(5, base); // pebs_index
+        Ds.set(6, base + 4096); // pebs_absolute_maximum
+        Ds.set(7, base + record_size(cfg, adaptive)); // interrupt threshold
         let mut fixed_ctrl = 0;
         for i in 0..3u32 {
             if mask & 1 << (32 + i) != 0 {
@@ -195,7 +166,7 @@ mod sweep {
                 wr(PMC0_FULL + i as u32, start);
             }
         }
-        wr(DS_AREA, ds() as u64);
+        wr(DS_AREA, Ds.addr());
         wr(PEBS_ENABLE, mask);
         wr(GLOBAL_CTRL, mask);
     }
@@ -244,16 +215,16 @@ mod sweep {
     /// pmu_pebs's check_pebs_records: None if the buffer is as the status
     /// says, else what is wrong.
     fn verify(mask: u64, cfg: u64, adaptive: bool) -> Option<&'static str> {
-        let base = buf() as u64;
-        let index = word(ds(), 5);
-        let empty = index == base && word(buf(), 0) == 0;
+        let base = Buffer.addr();
+        let index = Ds.word(5);
+        let empty = index == base && Buffer.word(0) == 0;
         if rd(GLOBAL_STATUS) & BUFFER_OVF == 0 {
             return (!empty).then_some("records without BUFFER_OVF");
         }
         if empty {
             return Some("BUFFER_OVF without records");
         }
-        if index < word(ds(), 7) {
+        if index < Ds.word(7) {
             return Some("BUFFER_OVF below the threshold");
         }
         let size = record_size(cfg, adaptive);
@@ -261,8 +232,8 @@ mod sweep {
         let mut at = 0;
         while base + at < index {
             let w = (at / 8) as usize;
-            let format_size = word(buf(), w);
-            if word(buf(), w + 2) & mask == 0 {
+            let format_size = Buffer.word(w);
+            if Buffer.word(w + 2) & mask == 0 {
                 return Some("a record names no counter of the mask");
             }
             if format_size >> 48 != size {
@@ -274,7 +245,7 @@ mod sweep {
             if adaptive && cfg & CFG_LBRS != 0 {
                 let lbrs = w + (record_size(cfg & !CFG_LBRS, true) / 8) as usize;
                 if (0..LBR_ENTRIES as usize)
-                    .any(|i| word(buf(), lbrs + 3 * i) | word(buf(), lbrs + 3 * i + 1) != 0)
+                    .any(|i| Buffer.word(lbrs + 3 * i) | Buffer.word(lbrs + 3 * i + 1) != 0)
                 {
                     return Some("an LBR entry not empty (LBR is off)");
                 }

@@ -34,6 +34,7 @@ fn main(t: &mut Test) {
 mod pebs {
     use core::arch::asm;
     use guest::arch::{self, set_lapic_reg};
+    use guest::x86_pmu::PebsPage::{Buffer, Ds};
     use guest::x86_pmu::{
         popf_sti, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL,
         GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PEBS_ENABLE, PEBS_FMT,
@@ -52,54 +53,28 @@ mod pebs {
     /// 48-bit counters.
     const MASK: u64 = (1 << 48) - 1;
 
-    /// The DS save area and the buffer, a page each.
-    #[repr(C, align(4096))]
-    struct Page([u64; 512]);
-    static mut DS: Page = Page([0; 512]);
-    static mut BUF: Page = Page([0; 512]);
-
-    fn ds() -> *mut u64 {
-        (&raw mut DS).cast()
-    }
-
-    fn buf() -> *mut u64 {
-        (&raw mut BUF).cast()
-    }
-
-    /// Word `i` of a page.
-    fn word(page: *mut u64, i: usize) -> u64 {
-        // SAFETY: i < 512 inside a static page; volatile: the vCPU's PEBS
-        // assist writes it.
-        unsafe { page.add(i).read_volatile() }
-    }
-
     /// An empty buffer with the interrupt threshold `threshold` bytes in,
     /// every reset value `reset`, DS_AREA pointing at the DS page.
     fn reset(threshold: u64, reset: u64) {
         wr(GLOBAL_CTRL, 0);
         wr(PEBS_ENABLE, 0);
-        // SAFETY: one vCPU writes its own static pages.
-        unsafe {
-            for i in 0..512 {
-                ds().add(i).write_volatile(0);
-                buf().add(i).write_volatile(0);
-            }
-            let base = buf() as u64;
-            ds().add(4).write_volatile(base); // pebs_buffer_base
-            ds().add(5).write_volatile(base); // pebs_index
-            ds().add(6).write_volatile(base + 4096); // pebs_absolute_maximum
-            ds().add(7).write_volatile(base + threshold); // pebs_interrupt_threshold
-            for i in 0..16 {
-                ds().add(8 + i).write_volatile(reset); // pebs_event_reset[]
-            }
+        Ds.clear();
+        Buffer.clear();
+        let base = Buffer.addr();
+        Ds.set(4, base); // pebs_buffer_base
+        Ds.set(5, base); // pebs_index
+        Ds.set(6, base + 4096); // pebs_absolute_maximum
+        Ds.set(7, base + threshold); // pebs_interrupt_threshold
+        for i in 0..16 {
+            Ds.set(8 + i, reset); // pebs_event_reset[]
         }
-        wr(DS_AREA, ds() as u64);
+        wr(DS_AREA, Ds.addr());
         wr(GLOBAL_OVF_CTRL, rd(GLOBAL_STATUS));
     }
 
     /// The bytes written so far.
     fn written() -> u64 {
-        word(ds(), 5) - buf() as u64
+        Ds.word(5) - Buffer.addr()
     }
 
     /// asm!: store the address of local label `$label` (defined later) at
@@ -340,12 +315,12 @@ mod pebs {
         wr(PEBS_ENABLE, 1);
         let at = sled(1);
         t.eq("basic.written", written(), 32);
-        t.eq("basic.format-size", word(buf(), 0), 32 << 48);
+        t.eq("basic.format-size", Buffer.word(0), 32 << 48);
         if emulated {
-            t.eq("basic.eventing-ip", word(buf(), 1), at[1]);
+            t.eq("basic.eventing-ip", Buffer.word(1), at[1]);
         }
-        t.eq("basic.applicable", word(buf(), 2), 1);
-        t.check("basic.tsc", word(buf(), 3) != 0, format_args!("0"));
+        t.eq("basic.applicable", Buffer.word(2), 1);
+        t.check("basic.tsc", Buffer.word(3) != 0, format_args!("0"));
         let status = rd(GLOBAL_STATUS);
         t.eq("basic.status", status & (BUFFER_OVF | 1), BUFFER_OVF);
         if emulated {
@@ -365,16 +340,16 @@ mod pebs {
         t.eq("adaptive.written", written(), size);
         t.eq(
             "adaptive.format-size",
-            word(buf(), 0),
+            Buffer.word(0),
             size << 48 | 0xf | 1 << 24,
         );
         // Registers group: flags, ip, ax, cx, dx, bx, sp, bp, si, di, r8-r15
         // at words 8..26 (after the basic and memory-info groups).
         if emulated {
-            t.eq("adaptive.eventing-ip", word(buf(), 1), at[1]);
-            t.eq("adaptive.next-ip", word(buf(), 9), at[2]);
+            t.eq("adaptive.eventing-ip", Buffer.word(1), at[1]);
+            t.eq("adaptive.next-ip", Buffer.word(9), at[2]);
         }
-        let r8_15: [u64; 8] = core::array::from_fn(|i| word(buf(), 18 + i));
+        let r8_15: [u64; 8] = core::array::from_fn(|i| Buffer.word(18 + i));
         t.eq(
             "adaptive.r8-r15",
             r8_15,
@@ -382,7 +357,7 @@ mod pebs {
         );
         t.eq(
             "adaptive.lbr-zero",
-            (word(buf(), 58), word(buf(), 59)),
+            (Buffer.word(58), Buffer.word(59)),
             (0, 0),
         );
 
@@ -405,8 +380,8 @@ mod pebs {
         );
         t.eq("before-fault.written", written(), 32 + 144);
         if emulated {
-            t.eq("before-fault.eventing-ip", word(buf(), 1), at[0]);
-            t.eq("before-fault.next-ip", word(buf(), 5), at[1]);
+            t.eq("before-fault.eventing-ip", Buffer.word(1), at[0]);
+            t.eq("before-fault.next-ip", Buffer.word(5), at[1]);
         }
         reset(4096, 0);
         wr(DATA_CFG, 0x2);
@@ -420,11 +395,11 @@ mod pebs {
         t.eq("before-interrupt.taken", arch::irqs(0xe0) - irqs, 1);
         t.eq("before-interrupt.written", written(), 32 + 144);
         if emulated {
-            t.eq("before-interrupt.next-ip", word(buf(), 5), after);
+            t.eq("before-interrupt.next-ip", Buffer.word(5), after);
             t.check(
                 "before-interrupt.flags-if",
-                word(buf(), 4) & 0x200 != 0,
-                format_args!("{:#x}", word(buf(), 4)),
+                Buffer.word(4) & 0x200 != 0,
+                format_args!("{:#x}", Buffer.word(4)),
             );
         }
 
@@ -439,11 +414,11 @@ mod pebs {
         let (at, apic_base) = sled_rdmsr(1);
         t.eq("on-rdmsr.written", written(), 32 + 144);
         if emulated {
-            t.eq("on-rdmsr.eventing-ip", word(buf(), 1), at[0]);
-            t.eq("on-rdmsr.next-ip", word(buf(), 5), at[1]);
+            t.eq("on-rdmsr.eventing-ip", Buffer.word(1), at[0]);
+            t.eq("on-rdmsr.next-ip", Buffer.word(5), at[1]);
             t.eq(
                 "on-rdmsr.edx-eax",
-                (word(buf(), 8), word(buf(), 6)),
+                (Buffer.word(8), Buffer.word(6)),
                 (apic_base >> 32, apic_base & 0xffff_ffff),
             );
         }
@@ -455,8 +430,8 @@ mod pebs {
         let at = sled_wrmsr(1);
         t.eq("on-wrmsr.written", written(), 32 + 144);
         if emulated {
-            t.eq("on-wrmsr.eventing-ip", word(buf(), 1), at[0]);
-            t.eq("on-wrmsr.next-ip", word(buf(), 5), at[1]);
+            t.eq("on-wrmsr.eventing-ip", Buffer.word(1), at[0]);
+            t.eq("on-wrmsr.next-ip", Buffer.word(5), at[1]);
         }
 
         // A fixed counter: FIXED_CTR0 (OS), PEBS bit 32.
@@ -468,9 +443,9 @@ mod pebs {
         wr(PEBS_ENABLE, 1 << 32);
         let at = sled(1 << 32);
         t.eq("fixed.written", written(), 32);
-        t.eq("fixed.applicable", word(buf(), 2), 1 << 32);
+        t.eq("fixed.applicable", Buffer.word(2), 1 << 32);
         if emulated {
-            t.eq("fixed.eventing-ip", word(buf(), 1), at[1]);
+            t.eq("fixed.eventing-ip", Buffer.word(1), at[1]);
         }
         wr(FIXED_CTR_CTRL, 0);
 
@@ -485,7 +460,7 @@ mod pebs {
         t.eq("unmapped.no-status", rd(GLOBAL_STATUS) & BUFFER_OVF, 0);
         t.eq(
             "unmapped.nothing-written",
-            (written(), word(buf(), 0)),
+            (written(), Buffer.word(0)),
             (0, 0),
         );
         wr(PEBS_ENABLE, 0);
