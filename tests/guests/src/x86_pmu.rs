@@ -181,6 +181,16 @@ pub const PEBS_FMT: u64 = 0xf << 8;
 /// IA32_PEBS_ENABLE: a counter's PEBS bit (GP n: bit n, fixed n: 32 + n),
 /// SDM vol. 3B 20.6.2.4.
 pub const PEBS_ENABLE: u32 = 0x3f1;
+/// PERF_CAPABILITIES.PEBS_BASELINE: adaptive records, PEBS on every
+/// counter, MSR_PEBS_DATA_CFG (SDM vol. 3B 20.9).
+pub const PEBS_BASELINE: u64 = 1 << 14;
+/// IA32_PERFEVTSELx.ADAPTIVE (bit 34): the counter's PEBS records carry
+/// MSR_PEBS_DATA_CFG's groups (FIXED_CTR_CTRL's is bit 32 + 4i), SDM vol.
+/// 3B 20.9.2.
+pub const EVTSEL_ADAPTIVE: u64 = 1 << 34;
+/// IA32_PERF_GLOBAL_STATUS bit 62, OvfBuffer: the PEBS buffer reached its
+/// interrupt threshold, SDM vol. 3B 20.9.
+pub const GLOBAL_STATUS_BUFFER_OVF: u64 = 1 << 62;
 /// MSR_PEBS_DATA_CFG: an adaptive record's groups, SDM vol. 3B 20.9.2.
 pub const DATA_CFG: u32 = 0x3f2;
 /// IA32_DS_AREA: the linear address of the DS save area, SDM vol. 3B 19.6.3.4.

@@ -10,7 +10,7 @@
 //! cycles, cycles, instructions, bus cycles, LLC references, LLC misses,
 //! one per counter) and the fixed counters with every other GP counter at
 //! once, run a short workload of branches and CPUIDs with PEBS on, then:
-//! no BUFFER_OVF status means an empty buffer; with it, a non-empty buffer
+//! no GLOBAL_STATUS_BUFFER_OVF status means an empty buffer; with it, a non-empty buffer
 //! up to the interrupt threshold (one record) whose every record names a
 //! counter of the mask, has the expected size and says which groups it
 //! holds, with its LBR entries empty (LBR is off). Non-adaptive first;
@@ -39,22 +39,15 @@ mod sweep {
     use guest::arch::{self, set_lapic_reg};
     use guest::x86_pmu::PebsPage::{Buffer, Ds};
     use guest::x86_pmu::{
-        pebs_format, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL,
-        GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PEBS_ENABLE,
-        PERF_CAPABILITIES, PMC0_FULL, USR,
+        pebs_format, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, EVTSEL_ADAPTIVE, FIXED_CTR0,
+        FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, GLOBAL_STATUS_BUFFER_OVF,
+        LVTPC, LVT_MASKED, OS, PEBS_BASELINE, PEBS_ENABLE, PERF_CAPABILITIES, PMC0_FULL, USR,
     };
     use guest::Test;
 
     /// IA32_MISC_ENABLE and its PEBS_UNAVAILABLE bit (SDM vol. 4, table 2-2).
     const MISC_ENABLE: u32 = 0x1a0;
     const PEBS_UNAVAILABLE: u64 = 1 << 12;
-    /// PERF_CAPABILITIES.PEBS_BASELINE.
-    const BASELINE: u64 = 1 << 14;
-    /// EVTSEL's ADAPTIVE bit; FIXED_CTR_CTRL's per-counter adaptive bit is
-    /// 32 + 4 * i.
-    const ADAPTIVE: u64 = 1 << 34;
-    /// GLOBAL_STATUS bit 62: the buffer reached its threshold.
-    const BUFFER_OVF: u64 = 1 << 62;
     /// DATA_CFG's groups: memory info, GPRs, XMM, LBR; the LBR count field.
     const CFG_MEMINFO: u64 = 1 << 0;
     const CFG_GPRS: u64 = 1 << 1;
@@ -161,7 +154,7 @@ mod sweep {
         }
         for (i, event) in EVENTS.iter().enumerate().take(gp) {
             if mask & 1 << i != 0 {
-                let a = if adaptive { ADAPTIVE } else { 0 };
+                let a = if adaptive { EVTSEL_ADAPTIVE } else { 0 };
                 wr(EVTSEL0 + i as u32, EN | OS | USR | event | a);
                 wr(PMC0_FULL + i as u32, start);
             }
@@ -218,14 +211,14 @@ mod sweep {
         let base = Buffer.addr();
         let index = Ds.word(5);
         let empty = index == base && Buffer.word(0) == 0;
-        if rd(GLOBAL_STATUS) & BUFFER_OVF == 0 {
-            return (!empty).then_some("records without BUFFER_OVF");
+        if rd(GLOBAL_STATUS) & GLOBAL_STATUS_BUFFER_OVF == 0 {
+            return (!empty).then_some("records without GLOBAL_STATUS_BUFFER_OVF");
         }
         if empty {
-            return Some("BUFFER_OVF without records");
+            return Some("GLOBAL_STATUS_BUFFER_OVF without records");
         }
         if index < Ds.word(7) {
-            return Some("BUFFER_OVF below the threshold");
+            return Some("GLOBAL_STATUS_BUFFER_OVF below the threshold");
         }
         let size = record_size(cfg, adaptive);
         let groups = if adaptive { cfg } else { 0 };
@@ -319,7 +312,7 @@ mod sweep {
             arch::rdmsr(MISC_ENABLE).is_ok_and(|v| v & PEBS_UNAVAILABLE == 0),
             format_args!("IA32_MISC_ENABLE says PEBS_UNAVAILABLE"),
         );
-        let baseline = arch::rdmsr(PERF_CAPABILITIES).unwrap_or(0) & BASELINE != 0;
+        let baseline = arch::rdmsr(PERF_CAPABILITIES).unwrap_or(0) & PEBS_BASELINE != 0;
         let shape = shape();
         t.measure("gp-fixed", format_args!("{} {}", shape.0, shape.1));
         set_lapic_reg(LVTPC, LVT_MASKED);

@@ -36,18 +36,15 @@ mod pebs {
     use guest::arch::{self, set_lapic_reg};
     use guest::x86_pmu::PebsPage::{Buffer, Ds};
     use guest::x86_pmu::{
-        popf_sti, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, FIXED_CTR0, FIXED_CTR_CTRL, GLOBAL_CTRL,
-        GLOBAL_OVF_CTRL, GLOBAL_STATUS, LVTPC, LVT_MASKED, OS, PEBS_ENABLE, PEBS_FMT,
-        PERF_CAPABILITIES, PMC0, PMC0_FULL, SVR,
+        popf_sti, rd, wr, DATA_CFG, DS_AREA, EN, EVTSEL0, EVTSEL_ADAPTIVE, FIXED_CTR0,
+        FIXED_CTR_CTRL, GLOBAL_CTRL, GLOBAL_OVF_CTRL, GLOBAL_STATUS, GLOBAL_STATUS_BUFFER_OVF,
+        LVTPC, LVT_MASKED, OS, PEBS_BASELINE, PEBS_ENABLE, PEBS_FMT, PERF_CAPABILITIES, PMC0,
+        PMC0_FULL, SVR,
     };
     use guest::{Backend, Test};
 
     /// PERF_CAPABILITIES: PEBS_TRAP, PEBS_ARCH_REG, format (11:8), baseline.
-    const PEBS_CAPS: u64 = 1 << 6 | 1 << 7 | PEBS_FMT | 1 << 14;
-    /// EVTSEL's ADAPTIVE bit.
-    const ADAPTIVE: u64 = 1 << 34;
-    /// GLOBAL_STATUS bit 62: a record reached the threshold.
-    const BUFFER_OVF: u64 = 1 << 62;
+    const PEBS_CAPS: u64 = 1 << 6 | 1 << 7 | PEBS_FMT | PEBS_BASELINE;
     /// Instructions retired.
     const INSNS: u64 = 0xc0;
     /// 48-bit counters.
@@ -267,7 +264,11 @@ mod pebs {
         let emulated = guest::backend() != Some(Backend::Kvm);
         t.measure("perf-capabilities", format_args!("{caps:#x}"));
         t.eq("pebs-format", (caps >> 8) & 0xf, 4);
-        t.check("baseline", caps & 1 << 14 != 0, format_args!("{caps:#x}"));
+        t.check(
+            "baseline",
+            caps & PEBS_BASELINE != 0,
+            format_args!("{caps:#x}"),
+        );
         if emulated {
             t.eq("pebs-caps", caps & PEBS_CAPS, 0x44c0);
         }
@@ -322,7 +323,11 @@ mod pebs {
         t.eq("basic.applicable", Buffer.word(2), 1);
         t.check("basic.tsc", Buffer.word(3) != 0, format_args!("0"));
         let status = rd(GLOBAL_STATUS);
-        t.eq("basic.status", status & (BUFFER_OVF | 1), BUFFER_OVF);
+        t.eq(
+            "basic.status",
+            status & (GLOBAL_STATUS_BUFFER_OVF | 1),
+            GLOBAL_STATUS_BUFFER_OVF,
+        );
         if emulated {
             // Reloaded from 0 at the boundary after label 21: labels 22 and
             // 23, mov, xor, xor.
@@ -332,7 +337,7 @@ mod pebs {
         // An adaptive record: memory info, registers, XMM and 2 LBR entries.
         reset(32, 0);
         wr(DATA_CFG, 0xf | 1 << 24);
-        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(EVTSEL0, EN | OS | EVTSEL_ADAPTIVE | INSNS);
         wr(PMC0_FULL, MASK + 1 - 3);
         wr(PEBS_ENABLE, 1);
         let at = sled(1);
@@ -369,7 +374,7 @@ mod pebs {
         // and the flags have IF (not the 0xe0 handler's).
         reset(4096, 0);
         wr(DATA_CFG, 0x2);
-        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(EVTSEL0, EN | OS | EVTSEL_ADAPTIVE | INSNS);
         wr(PMC0_FULL, MASK + 1 - 2);
         wr(PEBS_ENABLE, 1);
         let at = sled_ud2(1);
@@ -385,7 +390,7 @@ mod pebs {
         }
         reset(4096, 0);
         wr(DATA_CFG, 0x2);
-        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(EVTSEL0, EN | OS | EVTSEL_ADAPTIVE | INSNS);
         wr(PMC0_FULL, MASK + 1 - 2);
         wr(PEBS_ENABLE, 1);
         set_lapic_reg(SVR, 0x1ff);
@@ -408,7 +413,7 @@ mod pebs {
         // it; RDMSR's EDX:EAX loaded), and it as its EventingIP.
         reset(4096, 0);
         wr(DATA_CFG, 0x2);
-        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(EVTSEL0, EN | OS | EVTSEL_ADAPTIVE | INSNS);
         wr(PMC0_FULL, MASK + 1 - 3);
         wr(PEBS_ENABLE, 1);
         let (at, apic_base) = sled_rdmsr(1);
@@ -424,7 +429,7 @@ mod pebs {
         }
         reset(4096, 0);
         wr(DATA_CFG, 0x2);
-        wr(EVTSEL0, EN | OS | ADAPTIVE | INSNS);
+        wr(EVTSEL0, EN | OS | EVTSEL_ADAPTIVE | INSNS);
         wr(PMC0_FULL, MASK + 1 - 5);
         wr(PEBS_ENABLE, 1);
         let at = sled_wrmsr(1);
@@ -457,7 +462,11 @@ mod pebs {
         wr(PMC0_FULL, MASK + 1 - 3);
         wr(PEBS_ENABLE, 1);
         sled(1);
-        t.eq("unmapped.no-status", rd(GLOBAL_STATUS) & BUFFER_OVF, 0);
+        t.eq(
+            "unmapped.no-status",
+            rd(GLOBAL_STATUS) & GLOBAL_STATUS_BUFFER_OVF,
+            0,
+        );
         t.eq(
             "unmapped.nothing-written",
             (written(), Buffer.word(0)),
