@@ -354,8 +354,9 @@ uint32_t rustkvm_x86_cpuid_default_off(uint32_t version, uint32_t leaf,
 
 /**
  * Per-vCPU counting state shared by QEMU's generated code and Rust (it
- * lives in CPUX86State; Rust holds a pointer from rustkvm_x86_vcpu_setup).
- * Only the vCPU's own thread touches it.
+ * lives in CPUState.neg, where QEMU's counting engine, accel/tcg/translator.c,
+ * keeps it; Rust holds a pointer from rustkvm_x86_vcpu_setup() or
+ * rustkvm_arm_vcpu_setup()). Only the vCPU's own thread touches it.
  */
 typedef struct RustkvmCounting {
     /** Monotonic event totals (RUSTKVM_EV_*), added per translation block. */
@@ -376,8 +377,11 @@ typedef struct RustkvmCounting {
     uint32_t tb_loads;
     /** ... and storing. */
     uint32_t tb_stores;
-    /** (Padding.) */
-    uint32_t reserved;
+    /**
+     * ... and whether its events are privileged (x86 CPL 0, arm64 EL1):
+     * 1, else 0.
+     */
+    uint32_t tb_priv;
     /**
      * Nonzero while a counter counts instructions or branches (Rust sets
      * it); arm64: RUSTKVM_ACTIVE_* bits.
@@ -503,7 +507,7 @@ void rustkvm_x86_pmu_due(RustkvmVcpu *vcpu);
  * (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's
  * choice is the VM's), the KVM feature bits it advertises (CPUID
  * 0x40000001 EAX: kvmclock's stable bit follows them), its PMU
- * (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here,
+ * (RUSTKVM_PMU_*) and the counting state in its CPUState (reset here,
  * kept after an INIT). The counting state then says what the engine needs
  * (counting blocks, the cycles timer, a PMI): apply it.
  */
@@ -696,7 +700,7 @@ uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
 /**
  * After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its
  * event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event
- * counters), the counting state in its CPUARMState (reset here) and the
+ * counters), the counting state in its CPUState (reset here) and the
  * generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call).
  */
 void rustkvm_arm_vcpu_setup(RustkvmVcpu *vcpu, bool pmu, uint32_t counters,

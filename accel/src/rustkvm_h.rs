@@ -300,7 +300,7 @@ unsafe extern "C" {
     #[doc = " The bits every CPU model, `max` included, has off unless the user turns\n them on, in defaults version `version`, as under KVM (QEMU's\n kvm_default_props \"monitor=off\"; 0 for an unknown version)."]
     pub fn rustkvm_x86_cpuid_default_off(version: u32, leaf: u32, subleaf: u32, reg: u32) -> u32;
 }
-#[doc = " Per-vCPU counting state shared by QEMU's generated code and Rust (it\n lives in CPUX86State; Rust holds a pointer from rustkvm_x86_vcpu_setup).\n Only the vCPU's own thread touches it."]
+#[doc = " Per-vCPU counting state shared by QEMU's generated code and Rust (it\n lives in CPUState.neg, where QEMU's counting engine, accel/tcg/translator.c,\n keeps it; Rust holds a pointer from rustkvm_x86_vcpu_setup() or\n rustkvm_arm_vcpu_setup()). Only the vCPU's own thread touches it."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct RustkvmCounting {
@@ -318,8 +318,8 @@ pub struct RustkvmCounting {
     pub tb_loads: u32,
     #[doc = " ... and storing."]
     pub tb_stores: u32,
-    #[doc = " (Padding.)"]
-    pub reserved: u32,
+    #[doc = " ... and whether its events are privileged (x86 CPL 0, arm64 EL1):\n 1, else 0."]
+    pub tb_priv: u32,
     #[doc = " Nonzero while a counter counts instructions or branches (Rust sets\n it); arm64: RUSTKVM_ACTIVE_* bits."]
     pub active: u32,
     #[doc = " x86: nonzero when a PMI is due (Rust sets it, QEMU delivers and clears\n it). arm64: the level of the PMU's overflow interrupt (QEMU drives\n the interrupt line with it)."]
@@ -349,8 +349,8 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmCounting, tb_loads) - 116usize];
     ["Offset of field: RustkvmCounting::tb_stores"]
         [::core::mem::offset_of!(RustkvmCounting, tb_stores) - 120usize];
-    ["Offset of field: RustkvmCounting::reserved"]
-        [::core::mem::offset_of!(RustkvmCounting, reserved) - 124usize];
+    ["Offset of field: RustkvmCounting::tb_priv"]
+        [::core::mem::offset_of!(RustkvmCounting, tb_priv) - 124usize];
     ["Offset of field: RustkvmCounting::active"]
         [::core::mem::offset_of!(RustkvmCounting, active) - 128usize];
     ["Offset of field: RustkvmCounting::pmi"]
@@ -405,7 +405,7 @@ unsafe extern "C" {
     pub fn rustkvm_x86_pmu_due(vcpu: *mut RustkvmVcpu);
 }
 unsafe extern "C" {
-    #[doc = " After each reset of an x86 vCPU: the TSC frequency the CPU model asks for\n (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's\n choice is the VM's), the KVM feature bits it advertises (CPUID\n 0x40000001 EAX: kvmclock's stable bit follows them), its PMU\n (RUSTKVM_PMU_*) and the counting state in its CPUX86State (reset here,\n kept after an INIT). The counting state then says what the engine needs\n (counting blocks, the cycles timer, a PMI): apply it."]
+    #[doc = " After each reset of an x86 vCPU: the TSC frequency the CPU model asks for\n (-cpu ...,tsc-frequency; 0: rustkvm's default, 2 GHz; the first vCPU's\n choice is the VM's), the KVM feature bits it advertises (CPUID\n 0x40000001 EAX: kvmclock's stable bit follows them), its PMU\n (RUSTKVM_PMU_*) and the counting state in its CPUState (reset here,\n kept after an INIT). The counting state then says what the engine needs\n (counting blocks, the cycles timer, a PMI): apply it."]
     pub fn rustkvm_x86_vcpu_setup(
         vcpu: *mut RustkvmVcpu,
         tsc_khz: u64,
@@ -641,7 +641,7 @@ unsafe extern "C" {
         -> u32;
 }
 unsafe extern "C" {
-    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters), the counting state in its CPUARMState (reset here) and the\n generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call)."]
+    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters), the counting state in its CPUState (reset here) and the\n generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call)."]
     pub fn rustkvm_arm_vcpu_setup(
         vcpu: *mut RustkvmVcpu,
         pmu: bool,

@@ -249,7 +249,7 @@ pub fn kvm_reads_as_zero(index: u32) -> bool {
 }
 
 /// The counting engine's per-vCPU state, shared with QEMU's generated code
-/// (`RustkvmCounting` in `rustkvm.h`, which lives in `CPUX86State`; the
+/// (`RustkvmCounting` in `rustkvm.h`, which lives in QEMU's `CPUState`; the
 /// FFI layer checks the layouts agree). Only the vCPU's thread touches it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,8 +271,9 @@ pub struct Counting {
     pub tb_loads: u32,
     /// The block being entered: its stores (engine-owned, arm64).
     pub tb_stores: u32,
-    /// Padding.
-    pub reserved: u32,
+    /// The block being entered: 1 if its events are privileged
+    /// (engine-owned).
+    pub tb_priv: u32,
     /// What blocks do ([`ACTIVE_RETIRED`], [`ACTIVE_LBR`]): the engine
     /// translates blocks that count, or report taken branches, only then.
     pub active: u32,
@@ -306,7 +307,7 @@ impl Default for Counting {
             tb_mem: 0,
             tb_loads: 0,
             tb_stores: 0,
-            reserved: 0,
+            tb_priv: 0,
             active: 0,
             pmi: 0,
             cycles_deadline_ns: -1,
