@@ -1,15 +1,23 @@
 //! rustkvm-test: arch=aarch64 compare=off needs=pmu
 //! rustkvm-expect: tcg=skip
 //!   (stock TCG counts no LD_RETIRED/ST_RETIRED/EXC_TAKEN)
+//! rustkvm-expect-skip: kvm mops,sve
+//!   (a host CPU may lack FEAT_MOPS or SVE; `-cpu max` has both)
 //!
 //! The rest of the exactly counted events: LD_RETIRED (0x06),
 //! ST_RETIRED (0x07) and EXC_TAKEN (0x09), advertised in PMCEID0. A loop
 //! of n iterations with one load, one store, one atomic add (both) and one
 //! load pair counts exactly 3n loads, 2n stores and 4n memory accesses; a
-//! run of EL0 code is one exception (its SVC) taken from EL0, a caught BRK
-//! one taken from EL1, filtered by PMEVTYPER's P and U bits. SKIPs where
-//! the events are not counted (stock TCG).
-//! Spec: Arm ARM D13 (common events), K3 (PMU event descriptions).
+//! loop of a memory copy and a memory set (FEAT_MOPS: prologue, main and
+//! epilogue each) counts 3n loads, 6n stores and 6n accesses; a loop of
+//! SVE's contiguous load and store, its vector load and store and a
+//! prefetch counts 2n loads, 2n stores and 4n accesses (a prefetch is no
+//! load, as PRFM in the first loop's group). A run of EL0 code is one
+//! exception (its SVC) taken from EL0, a caught BRK one taken from EL1,
+//! filtered by PMEVTYPER's P and U bits. SKIPs where the events are not
+//! counted (stock TCG).
+//! Spec: Arm ARM D13 (common events), K3 (PMU event descriptions), C6.2
+//! (CPY*, SET*), and the SVE supplement's LD1D, ST1D, LDR, STR, PRFD.
 #![no_std]
 #![no_main]
 
@@ -102,6 +110,8 @@ fn main(t: &mut Test) {
         t.count("loop.stores", stores, 2 * n, COUNT);
         t.count("loop.mem-access", mem, 4 * n, COUNT);
     }
+    mops(t, COUNT);
+    sve(t, COUNT);
 
     // Exceptions: counter 3 any EL, counter 4 only from EL0 (P), counter 5
     // only from EL1 (U).
@@ -139,4 +149,136 @@ fn main(t: &mut Test) {
         3,
         Tolerance::EXACT,
     );
+}
+
+/// Counters 0–2 (LD_RETIRED, ST_RETIRED, MEM_ACCESS, as `main` set them)
+/// from 0 over `run`, which enables them with `msr pmcntenset_el0` (mask
+/// 0b111) and disables them with `msr pmcntenclr_el0` around only the
+/// code it counts: (loads, stores, memory accesses).
+#[cfg(target_arch = "aarch64")]
+fn count_ldst(run: impl FnOnce()) -> (u64, u64, u64) {
+    use guest::{read_sysreg, write_sysreg};
+    for i in 0..3 {
+        write_sysreg!("pmselr_el0", i);
+        write_sysreg!("pmxevcntr_el0", 0);
+    }
+    run();
+    (
+        read_sysreg!("pmevcntr0_el0"),
+        read_sysreg!("pmevcntr1_el0"),
+        read_sysreg!("pmevcntr2_el0"),
+    )
+}
+
+/// FEAT_MOPS: CPYF{P,M,E} each load and store, SET{P,M,E} each store.
+#[cfg(target_arch = "aarch64")]
+fn mops(t: &mut Test, tol: guest::Tolerance) {
+    use core::arch::asm;
+    use guest::read_sysreg;
+    // ID_AA64ISAR2_EL1.MOPS, bits [19:16].
+    if (read_sysreg!("s3_0_c0_c6_2") >> 16) & 0xf == 0 {
+        t.skip("mops", "ID_AA64ISAR2_EL1: no FEAT_MOPS");
+        return;
+    }
+    let src = [1u8; 64];
+    let mut dst = [0u8; 64];
+    for n in [1u64, 1000] {
+        let (loads, stores, mem) = count_ldst(|| {
+            // SAFETY: copies and sets within the two local arrays (64
+            // bytes each); MOPS is enabled at EL1 without EL2.
+            unsafe {
+                asm!(
+                    ".arch_extension mops",
+                    "mov {i}, {n}",
+                    "msr pmcntenset_el0, {mask}",
+                    "2:",
+                    "mov {d}, {dst}",
+                    "mov {s}, {src}",
+                    "mov {c}, #64",
+                    "cpyfp [{d}]!, [{s}]!, {c}!",
+                    "cpyfm [{d}]!, [{s}]!, {c}!",
+                    "cpyfe [{d}]!, [{s}]!, {c}!",
+                    "mov {d}, {dst}",
+                    "mov {c}, #64",
+                    "setp [{d}]!, {c}!, {v}",
+                    "setm [{d}]!, {c}!, {v}",
+                    "sete [{d}]!, {c}!, {v}",
+                    "subs {i}, {i}, #1",
+                    "b.ne 2b",
+                    "msr pmcntenclr_el0, {mask}",
+                    mask = in(reg) 0b111u64,
+                    n = in(reg) n,
+                    dst = in(reg) dst.as_mut_ptr(),
+                    src = in(reg) src.as_ptr(),
+                    v = in(reg) 7u64,
+                    i = out(reg) _,
+                    d = out(reg) _,
+                    s = out(reg) _,
+                    c = out(reg) _,
+                    options(nostack),
+                );
+            }
+        });
+        t.count("mops.loads", loads, 3 * n, tol);
+        t.count("mops.stores", stores, 6 * n, tol);
+        t.count("mops.mem-access", mem, 6 * n, tol);
+    }
+    t.eq("mops.set", dst[63], 7);
+}
+
+/// SVE: LD1D and LDR (vector) load, ST1D and STR store, PRFD neither.
+#[cfg(target_arch = "aarch64")]
+fn sve(t: &mut Test, tol: guest::Tolerance) {
+    use core::arch::asm;
+    use guest::{read_sysreg, write_sysreg};
+    // ID_AA64PFR0_EL1.SVE, bits [35:32].
+    if (read_sysreg!("id_aa64pfr0_el1") >> 32) & 0xf == 0 {
+        t.skip("sve", "ID_AA64PFR0_EL1: no SVE");
+        return;
+    }
+    // CPACR_EL1.ZEN = 0b11 beside FPEN, then 128-bit vectors (ZCR_EL1.LEN
+    // 0), so that the buffers below hold any vector.
+    write_sysreg!("cpacr_el1", (3 << 20) | (3 << 16));
+    // SAFETY: an ISB after the CPACR_EL1 write.
+    unsafe { asm!("isb", options(nostack)) };
+    write_sysreg!("s3_0_c1_c2_0", 0);
+    // SAFETY: an ISB after the ZCR_EL1 write.
+    unsafe { asm!("isb", options(nostack)) };
+    let mut buf: [u64; 8] = core::array::from_fn(|i| i as u64 + 1);
+    for n in [1u64, 1000] {
+        let (loads, stores, mem) = count_ldst(|| {
+            // SAFETY: 16-byte vectors loaded from and stored to the local
+            // array (64 bytes); SVE is enabled at EL1 above.
+            unsafe {
+                asm!(
+                    ".arch_extension sve",
+                    "ptrue p0.d",
+                    "mov {i}, {n}",
+                    "msr pmcntenset_el0, {mask}",
+                    "2:",
+                    "ld1d {{z0.d}}, p0/z, [{p}]",
+                    "st1d {{z0.d}}, p0, [{p}, #1, mul vl]",
+                    "ldr z1, [{p}, #2, mul vl]",
+                    "str z1, [{p}, #3, mul vl]",
+                    "prfd pldl1keep, p0, [{p}]",
+                    "subs {i}, {i}, #1",
+                    "b.ne 2b",
+                    "msr pmcntenclr_el0, {mask}",
+                    mask = in(reg) 0b111u64,
+                    n = in(reg) n,
+                    p = in(reg) buf.as_mut_ptr(),
+                    i = out(reg) _,
+                    out("v0") _,
+                    out("v1") _,
+                    out("p0") _,
+                    options(nostack),
+                );
+            }
+        });
+        t.count("sve.loads", loads, 2 * n, tol);
+        t.count("sve.stores", stores, 2 * n, tol);
+        t.count("sve.mem-access", mem, 4 * n, tol);
+    }
+    t.eq("sve.stored", (buf[2], buf[3], buf[6], buf[7]), (1, 2, 5, 6));
+    write_sysreg!("cpacr_el1", 3 << 20);
 }
