@@ -635,8 +635,14 @@ fn arm64_pv_stolen_time_grows_only_when_vcpus_share_a_thread() {
     assert_eq!(number(&r, "alone.clean"), 1, "{}", r.outcome.serial);
     assert_eq!(number(&r, "alone.stolen-ns"), 0, "{}", r.outcome.serial);
     // kvm-steal-time=off: no structure, PV_TIME_ST is NOT_SUPPORTED.
+    // (The guest fails PV time off unless told: `opt/rustkvm/pv-time`.)
     let off = run::RunOptions {
-        qemu_args: vec!["-cpu".into(), "max,kvm-steal-time=off".into()],
+        qemu_args: vec![
+            "-cpu".into(),
+            "max,kvm-steal-time=off".into(),
+            "-fw_cfg".into(),
+            "name=opt/rustkvm/pv-time,string=off".into(),
+        ],
         ..Default::default()
     };
     let r = arm_run("arm-pv-time", Variant::Default, off);

@@ -8,7 +8,9 @@
 //! SMCCC_ARCH_FEATURES(PV_TIME_FEATURES), PV_TIME_FEATURES(PV_TIME_ST), then
 //! PV_TIME_ST per vCPU; unknown IDs and the 32-bit variants of the 64-bit
 //! calls answer NOT_SUPPORTED; the structure is zeroed (revision and
-//! attributes 0) and each vCPU has its own. Then vCPU 0 measures its stolen
+//! attributes 0) and each vCPU has its own. PV time must be on unless the
+//! host declares it off (fw_cfg `opt/rustkvm/pv-time` = `off`, beside
+//! `-cpu max,kvm-steal-time=off`): a board that stopped mapping it fails. Then vCPU 0 measures its stolen
 //! time over a window of 2·10⁸ loop instructions (`guest::steal`), first
 //! alone, then while vCPU 1 counts the instructions it executes: the host
 //! test (tests/tests/guests.rs) checks under `-icount` that the stolen time
@@ -114,13 +116,28 @@ fn main(t: &mut Test) {
         NOT_SUPPORTED,
     );
     // -cpu ...,kvm-steal-time=off: discovery stays (KVM's default firmware
-    // bitmap) but no vCPU has a structure.
+    // bitmap) but no vCPU has a structure. PV time is on by default, as
+    // under KVM: the host says when it turned it off (fw_cfg
+    // opt/rustkvm/pv-time = "off"), and anything else is a failure.
+    let mut said = [0u8; 8];
+    let off_expected =
+        guest::fw_cfg_file("opt/rustkvm/pv-time", &mut said).is_some_and(|n| &said[..n] == b"off");
     if call(PV_TIME_FEATURES, PV_TIME_ST.into()) == NOT_SUPPORTED {
         t.measure("pv-time", format_args!("off"));
+        t.check(
+            "pv-time-as-declared",
+            off_expected,
+            format_args!("PV_TIME_ST is NOT_SUPPORTED, but the host did not turn PV time off"),
+        );
         t.eq("st-not-supported", call(PV_TIME_ST, 0), NOT_SUPPORTED);
         return;
     }
     t.measure("pv-time", format_args!("on"));
+    t.check(
+        "pv-time-as-declared",
+        !off_expected,
+        format_args!("the host turned PV time off, but PV_TIME_ST is supported"),
+    );
     t.eq(
         "pv-time-features-unknown",
         call(PV_TIME_FEATURES, 0xc500_0022),
