@@ -152,22 +152,34 @@ fn main(t: &mut Test) {
 }
 
 /// Counters 0–2 (LD_RETIRED, ST_RETIRED, MEM_ACCESS, as `main` set them)
-/// from 0 over `run`, which enables them with `msr pmcntenset_el0` (mask
-/// 0b111) and disables them with `msr pmcntenclr_el0` around only the
-/// code it counts: (loads, stores, memory accesses).
+/// over `run(n)` for n = 1 and 1000, each from 0, checked as `names`
+/// against `per` (loads, stores, accesses) times n. `run` enables them
+/// with `msr pmcntenset_el0` (mask 0b111) and disables them with `msr
+/// pmcntenclr_el0` around only the code it counts.
 #[cfg(target_arch = "aarch64")]
-fn count_ldst(run: impl FnOnce()) -> (u64, u64, u64) {
+fn check_ldst(
+    t: &mut Test,
+    names: [&str; 3],
+    per: [u64; 3],
+    tol: guest::Tolerance,
+    mut run: impl FnMut(u64),
+) {
     use guest::{read_sysreg, write_sysreg};
-    for i in 0..3 {
-        write_sysreg!("pmselr_el0", i);
-        write_sysreg!("pmxevcntr_el0", 0);
+    for n in [1u64, 1000] {
+        for i in 0..3 {
+            write_sysreg!("pmselr_el0", i);
+            write_sysreg!("pmxevcntr_el0", 0);
+        }
+        run(n);
+        let got = [
+            read_sysreg!("pmevcntr0_el0"),
+            read_sysreg!("pmevcntr1_el0"),
+            read_sysreg!("pmevcntr2_el0"),
+        ];
+        for k in 0..3 {
+            t.count(names[k], got[k], per[k] * n, tol);
+        }
     }
-    run();
-    (
-        read_sysreg!("pmevcntr0_el0"),
-        read_sysreg!("pmevcntr1_el0"),
-        read_sysreg!("pmevcntr2_el0"),
-    )
 }
 
 /// FEAT_MOPS: CPYF{P,M,E} each load and store, SET{P,M,E} each store.
@@ -182,47 +194,43 @@ fn mops(t: &mut Test, tol: guest::Tolerance) {
     }
     let src = [1u8; 64];
     let mut dst = [0u8; 64];
-    for n in [1u64, 1000] {
-        let (loads, stores, mem) = count_ldst(|| {
-            // SAFETY: copies and sets within the two local arrays (64
-            // bytes each); MOPS is enabled at EL1 without EL2.
-            unsafe {
-                asm!(
-                    ".arch_extension mops",
-                    "mov {i}, {n}",
-                    "msr pmcntenset_el0, {mask}",
-                    "2:",
-                    "mov {d}, {dst}",
-                    "mov {s}, {src}",
-                    "mov {c}, #64",
-                    "cpyfp [{d}]!, [{s}]!, {c}!",
-                    "cpyfm [{d}]!, [{s}]!, {c}!",
-                    "cpyfe [{d}]!, [{s}]!, {c}!",
-                    "mov {d}, {dst}",
-                    "mov {c}, #64",
-                    "setp [{d}]!, {c}!, {v}",
-                    "setm [{d}]!, {c}!, {v}",
-                    "sete [{d}]!, {c}!, {v}",
-                    "subs {i}, {i}, #1",
-                    "b.ne 2b",
-                    "msr pmcntenclr_el0, {mask}",
-                    mask = in(reg) 0b111u64,
-                    n = in(reg) n,
-                    dst = in(reg) dst.as_mut_ptr(),
-                    src = in(reg) src.as_ptr(),
-                    v = in(reg) 7u64,
-                    i = out(reg) _,
-                    d = out(reg) _,
-                    s = out(reg) _,
-                    c = out(reg) _,
-                    options(nostack),
-                );
-            }
-        });
-        t.count("mops.loads", loads, 3 * n, tol);
-        t.count("mops.stores", stores, 6 * n, tol);
-        t.count("mops.mem-access", mem, 6 * n, tol);
-    }
+    let names = ["mops.loads", "mops.stores", "mops.mem-access"];
+    check_ldst(t, names, [3, 6, 6], tol, |n| {
+        // SAFETY: copies and sets within the two local arrays (64
+        // bytes each); MOPS is enabled at EL1 without EL2.
+        unsafe {
+            asm!(
+                ".arch_extension mops",
+                "mov {i}, {n}",
+                "msr pmcntenset_el0, {mask}",
+                "2:",
+                "mov {d}, {dst}",
+                "mov {s}, {src}",
+                "mov {c}, #64",
+                "cpyfp [{d}]!, [{s}]!, {c}!",
+                "cpyfm [{d}]!, [{s}]!, {c}!",
+                "cpyfe [{d}]!, [{s}]!, {c}!",
+                "mov {d}, {dst}",
+                "mov {c}, #64",
+                "setp [{d}]!, {c}!, {v}",
+                "setm [{d}]!, {c}!, {v}",
+                "sete [{d}]!, {c}!, {v}",
+                "subs {i}, {i}, #1",
+                "b.ne 2b",
+                "msr pmcntenclr_el0, {mask}",
+                mask = in(reg) 0b111u64,
+                n = in(reg) n,
+                dst = in(reg) dst.as_mut_ptr(),
+                src = in(reg) src.as_ptr(),
+                v = in(reg) 7u64,
+                i = out(reg) _,
+                d = out(reg) _,
+                s = out(reg) _,
+                c = out(reg) _,
+                options(nostack),
+            );
+        }
+    });
     t.eq("mops.set", dst[63], 7);
 }
 
@@ -245,40 +253,36 @@ fn sve(t: &mut Test, tol: guest::Tolerance) {
     // SAFETY: an ISB after the ZCR_EL1 write.
     unsafe { asm!("isb", options(nostack)) };
     let mut buf: [u64; 8] = core::array::from_fn(|i| i as u64 + 1);
-    for n in [1u64, 1000] {
-        let (loads, stores, mem) = count_ldst(|| {
-            // SAFETY: 16-byte vectors loaded from and stored to the local
-            // array (64 bytes); SVE is enabled at EL1 above.
-            unsafe {
-                asm!(
-                    ".arch_extension sve",
-                    "ptrue p0.d",
-                    "mov {i}, {n}",
-                    "msr pmcntenset_el0, {mask}",
-                    "2:",
-                    "ld1d {{z0.d}}, p0/z, [{p}]",
-                    "st1d {{z0.d}}, p0, [{p}, #1, mul vl]",
-                    "ldr z1, [{p}, #2, mul vl]",
-                    "str z1, [{p}, #3, mul vl]",
-                    "prfd pldl1keep, p0, [{p}]",
-                    "subs {i}, {i}, #1",
-                    "b.ne 2b",
-                    "msr pmcntenclr_el0, {mask}",
-                    mask = in(reg) 0b111u64,
-                    n = in(reg) n,
-                    p = in(reg) buf.as_mut_ptr(),
-                    i = out(reg) _,
-                    out("v0") _,
-                    out("v1") _,
-                    out("p0") _,
-                    options(nostack),
-                );
-            }
-        });
-        t.count("sve.loads", loads, 2 * n, tol);
-        t.count("sve.stores", stores, 2 * n, tol);
-        t.count("sve.mem-access", mem, 4 * n, tol);
-    }
+    let names = ["sve.loads", "sve.stores", "sve.mem-access"];
+    check_ldst(t, names, [2, 2, 4], tol, |n| {
+        // SAFETY: 16-byte vectors loaded from and stored to the local
+        // array (64 bytes); SVE is enabled at EL1 above.
+        unsafe {
+            asm!(
+                ".arch_extension sve",
+                "ptrue p0.d",
+                "mov {i}, {n}",
+                "msr pmcntenset_el0, {mask}",
+                "2:",
+                "ld1d {{z0.d}}, p0/z, [{p}]",
+                "st1d {{z0.d}}, p0, [{p}, #1, mul vl]",
+                "ldr z1, [{p}, #2, mul vl]",
+                "str z1, [{p}, #3, mul vl]",
+                "prfd pldl1keep, p0, [{p}]",
+                "subs {i}, {i}, #1",
+                "b.ne 2b",
+                "msr pmcntenclr_el0, {mask}",
+                mask = in(reg) 0b111u64,
+                n = in(reg) n,
+                p = in(reg) buf.as_mut_ptr(),
+                i = out(reg) _,
+                out("v0") _,
+                out("v1") _,
+                out("p0") _,
+                options(nostack),
+            );
+        }
+    });
     t.eq("sve.stored", (buf[2], buf[3], buf[6], buf[7]), (1, 2, 5, 6));
     write_sysreg!("cpacr_el1", 3 << 20);
 }
