@@ -45,7 +45,7 @@ fetch() {
 # The versioned kernel package the backports meta package points at.
 kernel_pkg() {
     apt-cache depends -t bookworm-backports "linux-image-$1${2:+:$2}" 2>/dev/null \
-        | awk '/Depends: linux-image-[0-9]/ { sub(":.*", "", $2); print $2; exit }'
+        | awk '/Depends: linux-image-[0-9]/ && !p { sub(":.*", "", $2); p = $2 } END { print p }'
 }
 
 build_arch() {

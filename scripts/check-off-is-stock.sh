@@ -66,7 +66,10 @@ if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
 fi
 
 # Stock is upstream with the fixes meant for it (0001-0003 today).
-stock=$(git -C "$repo" log --reverse --format='%H %s' base..series | awk '$2 == "rustkvm:" { print $1; exit }')
+# (awk reads to the end: an early exit would end git with SIGPIPE, which
+# pipefail makes the script's exit status once the log passes a pipe's
+# first write, as 47 patches' subjects did.)
+stock=$(git -C "$repo" log --reverse --format='%H %s' base..series | awk '$2 == "rustkvm:" && !c { c = $1 } END { print c }')
 [ -n "$stock" ] || die "no rustkvm: commit in the series"
 stock=$(git -C "$repo" rev-parse "$stock^")
 for side in stock series; do
