@@ -67,12 +67,8 @@ fn main(t: &mut Test) {
     write_sysreg!("pmevtyper2_el0", MEM_ACCESS);
 
     let mut slots = [0u64; 4];
-    let mut counts = |n: u64| {
-        for i in 0..3 {
-            // PMEVCNTRn by PMSELR (the registers are not indexable).
-            write_sysreg!("pmselr_el0", i);
-            write_sysreg!("pmxevcntr_el0", 0);
-        }
+    let names = ["loop.loads", "loop.stores", "loop.mem-access"];
+    check_ldst(t, names, [3, 2, 4], &[1, 1000, 100_000], COUNT, |n| {
         // SAFETY: loads and stores to a local array; PMU enables at EL1.
         unsafe {
             asm!(
@@ -98,18 +94,7 @@ fn main(t: &mut Test) {
                 options(nostack),
             );
         }
-        (
-            read_sysreg!("pmevcntr0_el0"),
-            read_sysreg!("pmevcntr1_el0"),
-            read_sysreg!("pmevcntr2_el0"),
-        )
-    };
-    for n in [1u64, 1000, 100_000] {
-        let (loads, stores, mem) = counts(n);
-        t.count("loop.loads", loads, 3 * n, COUNT);
-        t.count("loop.stores", stores, 2 * n, COUNT);
-        t.count("loop.mem-access", mem, 4 * n, COUNT);
-    }
+    });
     mops(t, COUNT);
     sve(t, COUNT);
 
@@ -152,7 +137,7 @@ fn main(t: &mut Test) {
 }
 
 /// Counters 0–2 (LD_RETIRED, ST_RETIRED, MEM_ACCESS, as `main` set them)
-/// over `run(n)` for n = 1 and 1000, each from 0, checked as `names`
+/// over `run(n)` for each n of `ns`, each from 0, checked as `names`
 /// against `per` (loads, stores, accesses) times n. `run` enables them
 /// with `msr pmcntenset_el0` (mask 0b111) and disables them with `msr
 /// pmcntenclr_el0` around only the code it counts.
@@ -161,12 +146,14 @@ fn check_ldst(
     t: &mut Test,
     names: [&str; 3],
     per: [u64; 3],
+    ns: &[u64],
     tol: guest::Tolerance,
     mut run: impl FnMut(u64),
 ) {
     use guest::{read_sysreg, write_sysreg};
-    for n in [1u64, 1000] {
+    for &n in ns {
         for i in 0..3 {
+            // PMEVCNTRn by PMSELR (the registers are not indexable).
             write_sysreg!("pmselr_el0", i);
             write_sysreg!("pmxevcntr_el0", 0);
         }
@@ -195,7 +182,7 @@ fn mops(t: &mut Test, tol: guest::Tolerance) {
     let src = [1u8; 64];
     let mut dst = [0u8; 64];
     let names = ["mops.loads", "mops.stores", "mops.mem-access"];
-    check_ldst(t, names, [3, 6, 6], tol, |n| {
+    check_ldst(t, names, [3, 6, 6], &[1, 1000], tol, |n| {
         // SAFETY: copies and sets within the two local arrays (64
         // bytes each); MOPS is enabled at EL1 without EL2.
         unsafe {
@@ -254,7 +241,7 @@ fn sve(t: &mut Test, tol: guest::Tolerance) {
     unsafe { asm!("isb", options(nostack)) };
     let mut buf: [u64; 8] = core::array::from_fn(|i| i as u64 + 1);
     let names = ["sve.loads", "sve.stores", "sve.mem-access"];
-    check_ldst(t, names, [2, 2, 4], tol, |n| {
+    check_ldst(t, names, [2, 2, 4], &[1, 1000], tol, |n| {
         // SAFETY: 16-byte vectors loaded from and stored to the local
         // array (64 bytes); SVE is enabled at EL1 above.
         unsafe {
