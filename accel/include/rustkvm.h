@@ -353,18 +353,39 @@ uint32_t rustkvm_x86_cpuid_default_off(uint32_t version, uint32_t leaf,
 #define RUSTKVM_ACTIVE_LBR 8u
 
 /**
+ * RustkvmCounting.acc: a block's instructions are added from this bit up,
+ * its branches below it, in one add.
+ */
+#define RUSTKVM_ACC_INSNS_SHIFT 32
+/**
+ * RustkvmCounting.acc's branch half is armed at this bias, so that taking
+ * back a block's branches after the sums were armed again never borrows
+ * from the instruction half.
+ */
+#define RUSTKVM_ACC_BIAS 0x80000000ull
+/**
+ * The largest budget RustkvmCounting.acc[0] is armed with: a budget of
+ * INT64_MAX (no PMI armed) is spent every this many instructions, and
+ * Rust arms it again.
+ */
+#define RUSTKVM_ACC_BUDGET_MAX 0x40000000ll
+
+/**
  * Per-vCPU counting state shared by QEMU's generated code and Rust (it
  * lives in CPUState.neg, where QEMU's counting engine, accel/tcg/translator.c,
  * keeps it; Rust holds a pointer from rustkvm_x86_vcpu_setup() or
  * rustkvm_arm_vcpu_setup()). Only the vCPU's own thread touches it.
  */
 typedef struct RustkvmCounting {
-    /** Monotonic event totals (RUSTKVM_EV_*), added per translation block. */
+    /**
+     * Monotonic event totals (RUSTKVM_EV_*) as of the last time Rust armed
+     * acc; the instructions and branches since are in acc.  The engine
+     * adds memory events and exceptions here directly.
+     */
     uint64_t events[RUSTKVM_EV_COUNT];
     /**
-     * Instructions that may retire before a PMI can be due; the generated
-     * code subtracts each block's count and calls rustkvm_x86_pmu_due()
-     * when it reaches 0. INT64_MAX: no PMI armed.
+     * Instructions that may retire before a PMI can be due (Rust's, armed
+     * into acc[0]). INT64_MAX: no PMI armed.
      */
     int64_t budget;
     /** The block being entered: its instruction, branch ... */
@@ -409,6 +430,20 @@ typedef struct RustkvmCounting {
      * bytes, stored with tb_insns (the EventingIP of a PEBS record).
      */
     uint32_t tb_last_ofs;
+    /**
+     * The engine's running sums of instructions and branches since Rust
+     * last armed them: each block adds its instructions shifted by
+     * RUSTKVM_ACC_INSNS_SHIFT plus its branches.  acc[0] takes every
+     * block and carries the PMI budget: Rust arms it at minus the budget
+     * (at most RUSTKVM_ACC_BUDGET_MAX), shifted, plus RUSTKVM_ACC_BIAS; the
+     * budget is spent, and the engine calls back, once it is no longer
+     * negative as an int64_t.  acc[1] takes privileged blocks only (x86
+     * CPL 0, arm64 EL1), armed at RUSTKVM_ACC_BIAS: the user-mode sums are
+     * the difference.
+     */
+    uint64_t acc[2];
+    /** acc as Rust last armed it. */
+    uint64_t acc_armed[2];
 } RustkvmCounting;
 
 /* rustkvm_x86_vcpu_setup() `pmu` values. */

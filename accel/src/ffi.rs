@@ -1088,6 +1088,11 @@ const _: () = {
     assert!(header::RUSTKVM_PMU_LBR == crate::x86::vcpu::PMU_LBR);
     assert!(header::RUSTKVM_PMU_PEBS == crate::x86::vcpu::PMU_PEBS);
     assert!(offset_of!(C, pebs_due) == offset_of!(Counting, pebs_due));
+    assert!(offset_of!(C, acc) == offset_of!(Counting, acc));
+    assert!(offset_of!(C, acc_armed) == offset_of!(Counting, acc_armed));
+    assert!(header::RUSTKVM_ACC_INSNS_SHIFT == crate::x86::pmu::ACC_INSNS_SHIFT);
+    assert!(header::RUSTKVM_ACC_BIAS as u64 == crate::x86::pmu::ACC_BIAS);
+    assert!(header::RUSTKVM_ACC_BUDGET_MAX as i64 == crate::x86::pmu::ACC_BUDGET_MAX);
     assert!(offset_of!(C, tb_last_ofs) == offset_of!(Counting, tb_last_ofs));
     assert!(header::RUSTKVM_ACTIVE_RETIRED == crate::x86::pmu::ACTIVE_RETIRED);
     assert!(header::RUSTKVM_ACTIVE_LBR == crate::x86::pmu::ACTIVE_LBR);

@@ -39,6 +39,9 @@ pub const RUSTKVM_ACTIVE_RETIRED: u32 = 1;
 pub const RUSTKVM_ACTIVE_MEM: u32 = 2;
 pub const RUSTKVM_ACTIVE_EXC: u32 = 4;
 pub const RUSTKVM_ACTIVE_LBR: u32 = 8;
+pub const RUSTKVM_ACC_INSNS_SHIFT: u32 = 32;
+pub const RUSTKVM_ACC_BIAS: u32 = 2147483648;
+pub const RUSTKVM_ACC_BUDGET_MAX: u32 = 1073741824;
 pub const RUSTKVM_PMU_NONE: u32 = 0;
 pub const RUSTKVM_PMU_INTEL: u32 = 1;
 pub const RUSTKVM_PMU_AMD: u32 = 2;
@@ -304,9 +307,9 @@ unsafe extern "C" {
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct RustkvmCounting {
-    #[doc = " Monotonic event totals (RUSTKVM_EV_*), added per translation block."]
+    #[doc = " Monotonic event totals (RUSTKVM_EV_*) as of the last time Rust armed\n acc; the instructions and branches since are in acc.  The engine\n adds memory events and exceptions here directly."]
     pub events: [u64; 12usize],
-    #[doc = " Instructions that may retire before a PMI can be due; the generated\n code subtracts each block's count and calls rustkvm_x86_pmu_due()\n when it reaches 0. INT64_MAX: no PMI armed."]
+    #[doc = " Instructions that may retire before a PMI can be due (Rust's, armed\n into acc[0]). INT64_MAX: no PMI armed."]
     pub budget: i64,
     #[doc = " The block being entered: its instruction, branch ..."]
     pub tb_insns: u32,
@@ -330,10 +333,14 @@ pub struct RustkvmCounting {
     pub pebs_due: u32,
     #[doc = " x86: the entered block's last instruction's offset from its first, in\n bytes, stored with tb_insns (the EventingIP of a PEBS record)."]
     pub tb_last_ofs: u32,
+    #[doc = " The engine's running sums of instructions and branches since Rust\n last armed them: each block adds its instructions shifted by\n RUSTKVM_ACC_INSNS_SHIFT plus its branches.  acc[0] takes every\n block and carries the PMI budget: Rust arms it at minus the budget\n (at most RUSTKVM_ACC_BUDGET_MAX), shifted, plus RUSTKVM_ACC_BIAS; the\n budget is spent, and the engine calls back, once it is no longer\n negative as an int64_t.  acc[1] takes privileged blocks only (x86\n CPL 0, arm64 EL1), armed at RUSTKVM_ACC_BIAS: the user-mode sums are\n the difference."]
+    pub acc: [u64; 2usize],
+    #[doc = " acc as Rust last armed it."]
+    pub acc_armed: [u64; 2usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmCounting"][::core::mem::size_of::<RustkvmCounting>() - 152usize];
+    ["Size of RustkvmCounting"][::core::mem::size_of::<RustkvmCounting>() - 184usize];
     ["Alignment of RustkvmCounting"][::core::mem::align_of::<RustkvmCounting>() - 8usize];
     ["Offset of field: RustkvmCounting::events"]
         [::core::mem::offset_of!(RustkvmCounting, events) - 0usize];
@@ -361,6 +368,10 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmCounting, pebs_due) - 144usize];
     ["Offset of field: RustkvmCounting::tb_last_ofs"]
         [::core::mem::offset_of!(RustkvmCounting, tb_last_ofs) - 148usize];
+    ["Offset of field: RustkvmCounting::acc"]
+        [::core::mem::offset_of!(RustkvmCounting, acc) - 152usize];
+    ["Offset of field: RustkvmCounting::acc_armed"]
+        [::core::mem::offset_of!(RustkvmCounting, acc_armed) - 168usize];
 };
 #[doc = " The vCPU's state a PEBS record is made of, at an instruction boundary."]
 #[repr(C)]

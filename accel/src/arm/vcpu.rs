@@ -70,7 +70,7 @@ impl ArmLocal {
     /// The PMU's event totals now.
     fn events(&mut self, shared: &Shared) -> pmu::Events {
         let cycles = self.unhalted.cycles(shared);
-        let e = self.counting().map_or([0; 12], |c| c.events);
+        let e = self.counting().map_or([0; 12], |c| c.totals());
         pmu::Events {
             instructions: [e[0], e[1]],
             branches: [e[2], e[3]],
@@ -104,6 +104,7 @@ impl ArmLocal {
             c.cycles_deadline_ns = deadline;
             c.active = active;
             c.budget = budget.map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+            c.arm();
             c.pmi = u32::from(irq);
         }
     }

@@ -256,10 +256,13 @@ pub fn kvm_reads_as_zero(index: u32) -> bool {
 pub struct Counting {
     /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0,
     /// CPL 0; (arm64) load/store instructions, loads, stores and
-    /// exceptions taken, each at EL0, EL1 (`RUSTKVM_EV_*`).
+    /// exceptions taken, each at EL0, EL1 (`RUSTKVM_EV_*`), as of the last
+    /// [`Counting::arm`]: the instructions and branches since are in
+    /// `acc` ([`Counting::totals`] adds them).
     pub events: [u64; 12],
     /// Instructions that may retire before a PMI can be due (`i64::MAX`:
-    /// none armed); the engine calls back when it reaches 0.
+    /// none armed); [`Counting::arm`] gives it to the engine in `acc[0]`,
+    /// and the engine calls back when it is spent.
     pub budget: i64,
     /// The block being entered: its instruction count (engine-owned).
     pub tb_insns: u32,
@@ -288,7 +291,25 @@ pub struct Counting {
     /// The entered block's last instruction's offset from its first
     /// (engine-owned).
     pub tb_last_ofs: u32,
+    /// The engine's sums since the last [`Counting::arm`]: each block adds
+    /// its instructions shifted by [`ACC_INSNS_SHIFT`] plus its branches.
+    /// `acc[0]` takes every block and carries the budget (spent once it is
+    /// no longer negative as an `i64`), `acc[1]` privileged blocks only.
+    pub acc: [u64; 2],
+    /// `acc` as [`Counting::arm`] left it.
+    pub acc_armed: [u64; 2],
 }
+
+/// [`Counting::acc`]: a block's instructions are added from this bit up,
+/// its branches below it (`RUSTKVM_ACC_INSNS_SHIFT`).
+pub const ACC_INSNS_SHIFT: u32 = 32;
+/// [`Counting::acc`]'s branch half is armed at this bias, so that the
+/// engine's taking back a block's branches never borrows from the
+/// instruction half (`RUSTKVM_ACC_BIAS`).
+pub const ACC_BIAS: u64 = 1 << 31;
+/// The largest budget `acc[0]` is armed with: no PMI armed means a sync
+/// every this many instructions (`RUSTKVM_ACC_BUDGET_MAX`).
+pub const ACC_BUDGET_MAX: i64 = 1 << 30;
 
 /// [`Counting::active`]: blocks count instructions and branches
 /// (`RUSTKVM_ACTIVE_RETIRED`).
@@ -299,7 +320,7 @@ pub const ACTIVE_LBR: u32 = 8;
 
 impl Default for Counting {
     fn default() -> Self {
-        Counting {
+        let mut c = Counting {
             events: [0; 12],
             budget: i64::MAX,
             tb_insns: 0,
@@ -313,14 +334,57 @@ impl Default for Counting {
             cycles_deadline_ns: -1,
             pebs_due: 0,
             tb_last_ofs: 0,
+            acc: [ACC_BIAS; 2],
+            acc_armed: [ACC_BIAS; 2],
+        };
+        c.arm();
+        c
+    }
+}
+
+impl Counting {
+    /// The instructions and branches the engine added to `acc[k]` since
+    /// it was armed (negative if it took back more than it added).
+    fn acc_since_armed(&self, k: usize) -> (i64, i64) {
+        // Two's complement: the low half is the branches (signed: the bias
+        // keeps it from borrowing), the rest the instructions.
+        let d = self.acc[k].wrapping_sub(self.acc_armed[k]) as i64;
+        let branches = i64::from(d as i32);
+        (d.wrapping_sub(branches) >> ACC_INSNS_SHIFT, branches)
+    }
+
+    /// The event totals now (`RUSTKVM_EV_*`): `events` plus what `acc`
+    /// added since it was armed.
+    pub fn totals(&self) -> [u64; 12] {
+        let (insns, branches) = self.acc_since_armed(0);
+        let (kinsns, kbranches) = self.acc_since_armed(1);
+        let mut e = self.events;
+        for (i, d) in [insns - kinsns, kinsns, branches - kbranches, kbranches]
+            .into_iter()
+            .enumerate()
+        {
+            e[i] = e[i].wrapping_add_signed(d);
         }
+        e
+    }
+
+    /// Fold `acc` into `events` and arm it again with `budget` (at most
+    /// [`ACC_BUDGET_MAX`]).
+    pub fn arm(&mut self) {
+        self.events = self.totals();
+        let budget = self.budget.clamp(0, ACC_BUDGET_MAX);
+        self.acc = [
+            (budget.wrapping_neg() as u64) << ACC_INSNS_SHIFT | ACC_BIAS,
+            ACC_BIAS,
+        ];
+        self.acc_armed = self.acc;
     }
 }
 
 impl Counting {
     /// The event totals, with `cycles` unhalted (and reference) cycles.
     pub fn events(&self, cycles: u64) -> Events {
-        let e = self.events;
+        let e = self.totals();
         Events {
             instructions: [e[0], e[1]],
             branches: [e[2], e[3]],
@@ -342,6 +406,7 @@ impl Counting {
         self.budget = pmu
             .until_overflow(ev)
             .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        self.arm();
         if pmi != 0 {
             self.pmi = 1;
         }
@@ -1661,6 +1726,62 @@ mod tests {
         );
         assert!(is_arch_pmu_msr(0x38f) && is_arch_pmu_msr(0x4c8) && is_arch_pmu_msr(0x345));
         assert!(!is_arch_pmu_msr(0x391) && !is_arch_pmu_msr(0xc9) && !is_arch_pmu_msr(0x30c));
+    }
+
+    /// What the engine (accel/tcg/translator.c) does to `acc` for a block
+    /// of `n` instructions and `b` branches entered (or, negative, taken
+    /// back) at privilege `k`.
+    fn engine_add(c: &mut Counting, k: usize, n: i64, b: i64) {
+        let d = ((n as u64) << ACC_INSNS_SHIFT).wrapping_add(b as u64);
+        for i in 0..=k {
+            c.acc[i] = c.acc[i].wrapping_add(d);
+        }
+    }
+
+    /// Whether the engine calls back: `acc[0]` no longer negative.
+    fn spent(c: &Counting) -> bool {
+        c.acc[0] as i64 >= 0
+    }
+
+    #[test]
+    fn the_engines_sums_split_by_privilege_and_spend_the_budget_exactly() {
+        let mut c = Counting::default();
+        assert_eq!(c.totals(), [0; 12]);
+        c.budget = 10;
+        c.arm();
+        engine_add(&mut c, 0, 4, 1); // user block: 4 instructions, a branch
+        engine_add(&mut c, 1, 5, 1); // kernel block
+        assert!(!spent(&c), "9 of 10");
+        assert_eq!(c.totals()[..4], [4, 5, 1, 1]);
+        engine_add(&mut c, 0, 1, 0);
+        assert!(spent(&c), "the 10th instruction spends it");
+        // An unwind takes back the last block: not spent again.
+        engine_add(&mut c, 0, -1, 0);
+        assert!(!spent(&c));
+        // Armed again (a sync), then a kernel block taken back that was
+        // entered before: the branch half goes below its armed value
+        // without borrowing from the instructions.
+        c.budget = 3;
+        c.arm();
+        assert_eq!(c.totals()[..4], [4, 5, 1, 1], "arming keeps the totals");
+        engine_add(&mut c, 1, -5, -1);
+        assert_eq!(c.totals()[..4], [4, 0, 1, 0]);
+        engine_add(&mut c, 1, 7, 0);
+        assert!(!spent(&c), "the take-back gave 5 back: 2 of 3");
+        engine_add(&mut c, 1, 1, 0);
+        assert!(spent(&c));
+        assert_eq!(c.totals()[..4], [4, 8, 1, 0]);
+        // No PMI armed: spent every ACC_BUDGET_MAX instructions.
+        c.budget = i64::MAX;
+        c.arm();
+        engine_add(&mut c, 0, ACC_BUDGET_MAX - 1, 0);
+        assert!(!spent(&c));
+        engine_add(&mut c, 0, 1, 0);
+        assert!(spent(&c));
+        assert_eq!(c.totals()[0], 4 + ACC_BUDGET_MAX as u64);
+        // Memory events and exceptions are added to `events` directly.
+        c.events[10] += 2;
+        assert_eq!(c.totals()[10], 2);
     }
 
     #[test]
