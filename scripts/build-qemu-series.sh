@@ -7,6 +7,7 @@
 #
 #   scripts/build-qemu-series.sh [--option on|off|both] [FIRST [LAST]]
 #                                   default: both, every prefix
+#   RUSTKVM_QEMU=10.2 scripts/build-qemu-series.sh ...   QEMU 10.2's series
 #
 # Each prefix is built with the build option rustkvm off (QEMU's default
 # configure: nothing of rustkvm may be compiled, so nothing may call the
@@ -32,14 +33,20 @@ both) modes=(off on) ;;
 *) die "--option on, off or both" ;;
 esac
 
-top="$RUSTKVM_CACHE/qemu-series"
+# One directory per QEMU release (RUSTKVM_QEMU, scripts/lib.sh qemu_release):
+# qemu-series/ for 10.0, qemu-series-10.2/ for 10.2.
+case "$(qemu_release)" in
+10.0) top="$RUSTKVM_CACHE/qemu-series" ;;
+*) top="$RUSTKVM_CACHE/qemu-series-$(qemu_release)" ;;
+esac
 repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
 logs="$top/logs"
 mkdir -p "$top" "$logs"
 qemu_ccache_env
 
 step "the series as commits ($repo)"
-key=$(cat "$RUSTKVM_ROOT"/qemu-patches/debian/*.patch "$RUSTKVM_ROOT"/qemu-patches/*.patch | sha256sum | cut -d' ' -f1)
+qemu_ports_check
+key=$( (qemu_release; qemu_patches | xargs cat) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     rm -rf "$repo" "$top/repo.key"
     bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
@@ -110,5 +117,5 @@ for k in $(seq "$first" "$last"); do
     printf '%04d %-50.50s %s\n' "$k" "$subject" "$(IFS=';'; echo "${verdicts[*]}" | sed 's/;/; /g')"
 done
 git -C "$repo" checkout -q -f "${commits[$((n - 1))]}"
-echo "build-qemu-series: prefixes $first..$last, option ${modes[*]}: $failed builds failed (logs: $logs)"
+echo "build-qemu-series: QEMU $(qemu_release), prefixes $first..$last, option ${modes[*]}: $failed builds failed (logs: $logs)"
 [ "$failed" -eq 0 ]
