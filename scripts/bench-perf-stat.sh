@@ -15,7 +15,14 @@
 # of (tcg has no steal time: its run_s is its s).
 # Backends: rustkvm (the events count) and tcg (x86: the events are
 # unsupported; arm64: a PMU that counts nothing without -icount), which
-# prices the perf tool alone. Every run must exit 0; under rustkvm the
+# prices the perf tool alone. tcg-bb (not by default) is tcg with QEMU's
+# own test plugin libbb.so,inline=on loaded: every block adds one to a
+# per-vCPU block total and its instruction count to another, inline (two
+# loads, adds and stores; no test), stock QEMU's cheapest way of counting
+# per block (its report at exit must count blocks). Its bare times
+# against tcg's (rows "tcg-bb/tcg", across boots) price per-block counting
+# in TCG as QEMU does it: the yardstick for rustkvm's perf/bare. Every run
+# must exit 0; under rustkvm the
 # loop's counts are checked against the loop's own arithmetic (2N
 # instructions and N branches, plus at most 10^6 of the process's start
 # and exit), the workload's must be non-zero; under tcg x86 perf must say
@@ -24,6 +31,7 @@
 #
 #   scripts/bench-perf-stat.sh [ROUNDS [N [M [ARCHS [BACKENDS]]]]]
 #       defaults: 3 1000000000 600000 "x86_64 aarch64" "rustkvm tcg"
+#       (BACKENDS: rustkvm, tcg, tcg-bb)
 #
 # Not part of the test command. Results in docs/benchmarks.md.
 set -euo pipefail
@@ -32,7 +40,26 @@ rounds=${1:-3} n=${2:-1000000000} m=${3:-600000} archs=${4:-x86_64 aarch64} back
 for v in "$rounds" "$n" "$m"; do
     case "$v" in ''|*[!0-9]*) die "ROUNDS, N and M are numbers (got '$v')" ;; esac
 done
+for b in $backends; do
+    case "$b" in rustkvm|tcg|tcg-bb) ;; *) die "BACKENDS are rustkvm, tcg and tcg-bb (got '$b')" ;; esac
+done
 bench_prepare_qemu
+# tcg-bb: the emulators, through a wrapper that loads libbb.so,inline=on
+bbdir="$BENCH_DIR/tcg-bb"
+case " $backends " in
+*" tcg-bb "*)
+    bb="$RUSTKVM_QEMU_BUILD/tests/tcg/plugins/libbb.so"
+    [ -f "$bb" ] || die "no $bb (scripts/build-qemu.sh builds it)"
+    mkdir -p "$bbdir"
+    ln -s "$RUSTKVM_QEMU_BUILD/qemu-bundle" "$bbdir/qemu-bundle"
+    ln -s "$RUSTKVM_QEMU_BUILD/pc-bios" "$bbdir/pc-bios"
+    for a in x86_64 aarch64; do
+        printf '#!/bin/sh\nexec %q -plugin %q,inline=on -d plugin -D %q "$@"\n' \
+            "$RUSTKVM_QEMU_BUILD/qemu-system-$a" "$bb" "$bbdir/bb-$a.log" >"$bbdir/qemu-system-$a"
+        chmod +x "$bbdir/qemu-system-$a"
+    done
+    ;;
+esac
 for a in $archs; do bench_prepare_linux "$a"; done
 (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-tests --bin rustkvm-linux) \
     || die "building rustkvm-linux failed"
@@ -77,12 +104,17 @@ count() {
 ratios=()
 for a in $archs; do
     for b in $backends; do
-        c="${a}_$b"
-        bench_run "$a $b" 0 env RUSTKVM_CACHE="$BENCH_SHARED_CACHE" "$linux" \
-            --kernel "$BENCH_SHARED_CACHE/linux/$a/vmlinuz" --arch "$a" --backend "$b" \
+        c="${a}_$b" qb=$RUSTKVM_QEMU_BUILD backend=$b
+        if [ "$b" = tcg-bb ]; then qb=$bbdir backend=tcg; fi
+        bench_run "$a $b" 0 env RUSTKVM_CACHE="$BENCH_SHARED_CACHE" RUSTKVM_QEMU_BUILD="$qb" "$linux" \
+            --kernel "$BENCH_SHARED_CACHE/linux/$a/vmlinuz" --arch "$a" --backend "$backend" \
             --packages linux-perf --add "$script:/root/bench.sh" --run 'sh /root/bench.sh' \
             --timeout 3600
         bench_expect '^rustkvm-bench-done$'
+        if [ "$b" = tcg-bb ]; then
+            grep -Eq "^Total: bb's: [1-9][0-9]*, insns: [1-9]" "$bbdir/bb-$a.log" 2>/dev/null \
+                || bench_fail "libbb.so reported no count (its log: $bbdir/bb-$a.log)"
+        fi
         ! grep -q '^rustkvm-bench-failed' "$BENCH_DIR/run.log" || bench_fail "a timed run failed"
         cp "$BENCH_DIR/run.log" "$BENCH_DIR/run-$c.log"
         for r in $(seq 1 "$rounds"); do
@@ -112,6 +144,11 @@ for a in $archs; do
         done
         ratios+=(--ratio "$a $b: loop perf/bare=${c}_loop_perf.s/${c}_loop_bare.s"
             --ratio "$a $b: gzip perf/bare=${c}_work_perf.s/${c}_work_bare.s")
+        if [ "$b" = tcg-bb ] && [[ " $backends " = *" tcg "* ]]; then
+            # across boots: QEMU's per-block counting against none
+            ratios+=(--ratio "$a tcg-bb/tcg: loop bare=${c}_loop_bare.s/${a}_tcg_loop_bare.s"
+                --ratio "$a tcg-bb/tcg: gzip bare=${c}_work_bare.s/${a}_tcg_work_bare.s")
+        fi
         if [ "$b" = rustkvm ]; then
             ratios+=(--ratio "$a $b: loop perf/bare, steal out=${c}_loop_perf.run_s/${c}_loop_bare.run_s"
                 --ratio "$a $b: gzip perf/bare, steal out=${c}_work_perf.run_s/${c}_work_bare.run_s")

@@ -137,9 +137,9 @@ else
 fi
 
 # ---------------------------------------------------------------- build
-step "ninja qemu-system-x86_64 qemu-system-aarch64 (and QEMU's test plugin libinsn.so)"
+step "ninja qemu-system-x86_64 qemu-system-aarch64 (and QEMU's test plugins libinsn.so, libbb.so)"
 ninja -C "$QBUILD" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 \
-    tests/tcg/plugins/libinsn.so >"$QBUILD/ninja.log" 2>&1 \
+    tests/tcg/plugins/libinsn.so tests/tcg/plugins/libbb.so >"$QBUILD/ninja.log" 2>&1 \
     || { grep -E 'error|FAILED' -A5 "$QBUILD/ninja.log" | head -n 60 >&2; die "QEMU build failed (log: $QBUILD/ninja.log)"; }
 # Run from the build directory, QEMU looks for its data and firmware under
 # build/qemu-bundle/<configured path>: point those at Debian's firmware packages

@@ -82,6 +82,7 @@ bench_prepare_qemu() {
         if ! pgrep -f -- "ninja -C $b " >/dev/null \
             && cp "$b/qemu-system-x86_64" "$b/qemu-system-aarch64" "$snap/" 2>/dev/null \
             && cp "$b/tests/tcg/plugins/libinsn.so" "$snap/tests/tcg/plugins/" 2>/dev/null \
+            && { [ ! -f "$b/tests/tcg/plugins/libbb.so" ] || cp "$b/tests/tcg/plugins/libbb.so" "$snap/tests/tcg/plugins/"; } \
             && cp "$BENCH_SHARED_CACHE/qemu/src.key" "$BENCH_DIR/cache/qemu/" 2>/dev/null \
             && [ "$(bench_build_stamp "$b" full)" = "$BENCH_STAMP" ]; then
             break
