@@ -396,10 +396,11 @@ qemu_orig() {
 # The series is shared by both releases; a file of the same name under
 # qemu-patches/RELEASE/ (or RELEASE/debian/) replaces the shared one for
 # that release, and one with a new name is added in name order.
+# qemu_patches [DIR]: of the series in DIR (default: qemu-patches/).
 qemu_patches() {
     local rel d sub f name
     rel=$(qemu_release)
-    d="$RUSTKVM_ROOT/qemu-patches"
+    d="${1:-$RUSTKVM_ROOT/qemu-patches}"
     for sub in debian/ ""; do
         {
             for f in "$d/$sub"*.patch "$d/$rel/$sub"*.patch; do

@@ -89,8 +89,8 @@ if [ "$cmd" = stat ]; then
     tar --no-same-owner -C "$scratch/a" --strip-components=1 -xf "$orig"
     cp -a "$scratch/a/." "$scratch/b/"
     n=0
-    for p in "$scratch"/patches/qemu-patches/debian/*.patch "$scratch"/patches/qemu-patches/*.patch; do
-        [ -f "$p" ] || continue
+    mapfile -t series < <(qemu_patches "$scratch/patches/qemu-patches")
+    for p in "${series[@]}"; do
         qemu_apply "$scratch/b" "$p" >/dev/null \
             || die "$(basename "$p") does not apply"
         case "$p" in */debian/*) ;; *) n=$((n + 1)) ;; esac

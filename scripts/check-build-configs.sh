@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The series' tip in the configurations issue 19 point 2 names beyond the
+# two emulators build-qemu.sh makes, each with a declared verdict:
+#
+#   scripts/check-build-configs.sh      # RUSTKVM_QEMU=10.2: QEMU 10.2's series
+#
+#   other-targets   -Drustkvm=enabled with the library, targets x86_64,
+#                   aarch64, arm and riscv64: all four build (-Werror: the
+#                   tree is a git checkout); qemu-system-arm's and
+#                   -riscv64's `-accel help` list no rustkvm, and
+#                   qemu-system-riscv64 answers x-query-rustkvm with
+#                   "rustkvm is not in use"
+#   auto-no-tcg     -Drustkvm=auto --disable-tcg with the library, x86_64:
+#                   configures with rustkvm off (CONFIG_RUSTKVM_ANY
+#                   undefined), builds, `-accel help` lists kvm and no
+#                   rustkvm, and `nm` finds no rustkvm symbol
+#   on-no-tcg       -Drustkvm=enabled --disable-tcg: configure refuses,
+#                   saying "rustkvm needs TCG"
+#
+# The series is imported (scripts/qemu-series.sh import) into
+# $RUSTKVM_CACHE/qemu-configs[-10.2]/src, each configuration built in a
+# directory of its own beside it (ccache shared with build-qemu.sh). Prints
+# one line per configuration and exits 1 if one is not as declared; logs
+# in $RUSTKVM_CACHE/qemu-configs[-10.2]/logs/. Slow (a cold build of the
+# arm and riscv64 targets): not part of the test command or CI. Record
+# its result in docs/building.md.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+case "$(qemu_release)" in
+10.0) top="$RUSTKVM_CACHE/qemu-configs" ;;
+*) top="$RUSTKVM_CACHE/qemu-configs-$(qemu_release)" ;;
+esac
+repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
+logs="$top/logs"
+mkdir -p "$top" "$logs"
+qemu_ccache_env
+
+step "the series' tip ($repo)"
+qemu_ports_check
+key=$( (qemu_release; qemu_patches | xargs cat) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
+    rm -rf "$repo" "$top/repo.key"
+    bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
+    echo "$key" >"$top/repo.key"
+fi
+git -C "$repo" show HEAD:include/system/rustkvm-abi.h | check_series_header -
+ok "QEMU $(qemu_release), $(git -C "$repo" rev-list --count base..HEAD) patches"
+
+step "cargo build --release (rustkvm accelerator library)"
+(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+lib="$top/librustkvm_accel.a"
+cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
+    || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
+
+# QEMU_CONFIGURE_ARGS with another target list and more arguments (and
+# without --enable-plugins when they disable TCG: configure refuses
+# plugins without it).
+configure_args() { # TARGETS ARGS...
+    local a targets=$1 notcg=
+    shift
+    case " $* " in *" --disable-tcg "*) notcg=1 ;; esac
+    for a in "${QEMU_CONFIGURE_ARGS[@]}"; do
+        case "$a" in
+        --target-list=*) echo "--target-list=$targets" ;;
+        --enable-tcg) ;;    # each configuration says
+        --enable-plugins) [ -n "$notcg" ] || echo "$a" ;;
+        *) echo "$a" ;;
+        esac
+    done
+    printf '%s\n' "$@"
+}
+
+# build NAME TARGETS ARGS...: configure (when the arguments change) and
+# build in build-NAME; 0 when both succeed, else 1 with the log's first
+# error in $why.
+build() {
+    local name=$1 targets=$2 dir="$top/build-$1" log="$logs/$1.log" cfgkey
+    shift 2
+    mapfile -t args < <(configure_args "$targets" "$@")
+    cfgkey=$(printf '%s\n' "${args[@]}" | sha256sum | cut -d' ' -f1)
+    : >"$log"
+    if [ ! -f "$dir/build.ninja" ] || [ "$(cat "$dir/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        if ! (cd "$dir" && "$repo/configure" "${args[@]}") >"$log" 2>&1; then
+            why="configure: $(grep -m1 -E 'ERROR|error' "$log" | cut -c1-100)"
+            return 1
+        fi
+        echo "$cfgkey" >"$dir/configure.key"
+    fi
+    if ! ninja -C "$dir" -j"$(nproc)" >>"$log" 2>&1; then
+        why="build: $(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/src/##' | cut -c1-100)"
+        return 1
+    fi
+}
+
+failed=0
+verdict() { # NAME OK|FAIL TEXT
+    printf '%-14s %s: %s\n' "$1" "$2" "$3"
+    [ "$2" = OK ] || failed=$((failed + 1))
+}
+accels() { "$1" -accel help 2>&1 | sed 1d | tr '\n' ' '; }
+
+step "other-targets: -Drustkvm=enabled, x86_64 aarch64 arm riscv64"
+why=
+if build other-targets x86_64-softmmu,aarch64-softmmu,arm-softmmu,riscv64-softmmu \
+    --enable-tcg -Drustkvm=enabled "-Drustkvm_lib=$lib"; then
+    d="$top/build-other-targets" bad=
+    for a in x86_64 aarch64; do
+        accels "$d/qemu-system-$a" | grep -qw rustkvm || bad+="qemu-system-$a lists no rustkvm ($(accels "$d/qemu-system-$a")); "
+    done
+    for a in arm riscv64; do
+        ! accels "$d/qemu-system-$a" | grep -qw rustkvm || bad+="qemu-system-$a lists rustkvm; "
+    done
+    q=$(printf '%s\n' '{"execute":"qmp_capabilities"}' '{"execute":"x-query-rustkvm"}' '{"execute":"quit"}' \
+        | timeout 60 "$d/qemu-system-riscv64" -M virt -bios none -S -display none -nodefaults -qmp stdio 2>&1 || true)
+    grep -q '"desc": "rustkvm is not in use' <<<"$q" || bad+="qemu-system-riscv64's x-query-rustkvm: $(grep -m1 -o '"error".*' <<<"$q" || echo "${q:0:100}"); "
+    if [ -z "$bad" ]; then
+        verdict other-targets OK "4 emulators build; arm and riscv64 list $(accels "$d/qemu-system-riscv64")and riscv64 says rustkvm is not in use"
+    else
+        verdict other-targets FAIL "$bad"
+    fi
+else
+    verdict other-targets FAIL "$why"
+fi
+
+step "auto-no-tcg: -Drustkvm=auto --disable-tcg, x86_64"
+why=
+if build auto-no-tcg x86_64-softmmu --disable-tcg -Drustkvm=auto "-Drustkvm_lib=$lib"; then
+    d="$top/build-auto-no-tcg" bad=
+    grep -q '#undef CONFIG_RUSTKVM_ANY' "$d/config-host.h" || bad+="config-host.h does not #undef CONFIG_RUSTKVM_ANY; "
+    accels "$d/qemu-system-x86_64" | grep -qw kvm || bad+="-accel help lists no kvm; "
+    ! accels "$d/qemu-system-x86_64" | grep -qw rustkvm || bad+="-accel help lists rustkvm; "
+    n=$(nm "$d/qemu-system-x86_64" | grep -ci rustkvm || true)
+    [ "$n" = 0 ] || bad+="$n symbols named rustkvm; "
+    if [ -z "$bad" ]; then
+        verdict auto-no-tcg OK "builds with rustkvm off; -accel help: $(accels "$d/qemu-system-x86_64"); no rustkvm symbol"
+    else
+        verdict auto-no-tcg FAIL "$bad"
+    fi
+else
+    verdict auto-no-tcg FAIL "$why"
+fi
+
+step "on-no-tcg: -Drustkvm=enabled --disable-tcg, x86_64 (configure must refuse)"
+why=
+if build on-no-tcg x86_64-softmmu --disable-tcg -Drustkvm=enabled "-Drustkvm_lib=$lib"; then
+    verdict on-no-tcg FAIL "configured and built; want configure to refuse"
+elif grep -q 'rustkvm needs TCG' "$logs/on-no-tcg.log"; then
+    verdict on-no-tcg OK "configure refuses: $(grep -m1 -o 'rustkvm needs TCG.*' "$logs/on-no-tcg.log")"
+    rm -rf "$top/build-on-no-tcg"
+else
+    verdict on-no-tcg FAIL "$why"
+fi
+
+echo "check-build-configs: QEMU $(qemu_release): $failed of 3 configurations not as declared (logs: $logs)"
+[ "$failed" -eq 0 ]
