@@ -33,28 +33,11 @@ both) modes=(off on) ;;
 *) die "--option on, off or both" ;;
 esac
 
-# One directory per QEMU release (RUSTKVM_QEMU, scripts/lib.sh qemu_release):
-# qemu-series/ for 10.0, qemu-series-10.2/ for 10.2.
-case "$(qemu_release)" in
-10.0) top="$RUSTKVM_CACHE/qemu-series" ;;
-*) top="$RUSTKVM_CACHE/qemu-series-$(qemu_release)" ;;
-esac
-repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
-logs="$top/logs"
-mkdir -p "$top" "$logs"
+# One directory per QEMU release: qemu-series/ for 10.0,
+# qemu-series-10.2/ for 10.2 (the tag `series` is the whole series,
+# whatever prefix is checked out later).
+qemu_series_checkout qemu-series
 qemu_ccache_env
-
-step "the series as commits ($repo)"
-qemu_ports_check
-key=$( (qemu_release; qemu_patches | xargs cat) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
-    rm -rf "$repo" "$top/repo.key"
-    bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
-    # the whole series, whatever prefix is checked out later
-    git -C "$repo" tag series
-    echo "$key" >"$top/repo.key"
-fi
-git -C "$repo" show series:include/system/rustkvm-abi.h | check_series_header -
 mapfile -t commits < <(git -C "$repo" rev-list --reverse base..series)
 n=${#commits[@]}
 first=${1:-0}
@@ -62,13 +45,6 @@ last=${2:-$n}
 [ "$first" -ge 0 ] && [ "$last" -le "$n" ] && [ "$first" -le "$last" ] \
     || die "prefixes are 0..$n"
 ok "$n patches; building prefixes $first..$last"
-
-step "cargo build --release (rustkvm accelerator library)"
-(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
-lib="$top/librustkvm_accel.a"
-cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
-    || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
-
 
 # build_prefix MODE K: configure (when the arguments change) and build
 # prefix K, checked out, in build-MODE; prints the verdict.

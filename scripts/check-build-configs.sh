@@ -27,31 +27,10 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-case "$(qemu_release)" in
-10.0) top="$RUSTKVM_CACHE/qemu-configs" ;;
-*) top="$RUSTKVM_CACHE/qemu-configs-$(qemu_release)" ;;
-esac
-repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
-logs="$top/logs"
-mkdir -p "$top" "$logs"
+qemu_series_checkout qemu-configs
 qemu_ccache_env
-
-step "the series' tip ($repo)"
-qemu_ports_check
-key=$( (qemu_release; qemu_patches | xargs cat) | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
-    rm -rf "$repo" "$top/repo.key"
-    bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
-    echo "$key" >"$top/repo.key"
-fi
-git -C "$repo" show HEAD:include/system/rustkvm-abi.h | check_series_header -
-ok "QEMU $(qemu_release), $(git -C "$repo" rev-list --count base..HEAD) patches"
-
-step "cargo build --release (rustkvm accelerator library)"
-(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
-lib="$top/librustkvm_accel.a"
-cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
-    || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
+git -C "$repo" checkout -q -f series
+ok "QEMU $(qemu_release), $(git -C "$repo" rev-list --count base..series) patches"
 
 # QEMU_CONFIGURE_ARGS with another target list and more arguments (and
 # without --enable-plugins when they disable TCG: configure refuses

@@ -456,6 +456,41 @@ qemu_ports_stale() {
     return "$bad"
 }
 
+# qemu_series_checkout NAME: the release's series as a git repository
+# (scripts/qemu-series.sh import, tagged `series` at its tip) in
+# $RUSTKVM_CACHE/NAME/src for QEMU 10.0, NAME-RELEASE/src for another
+# release, imported again only when the release's patches change; its ABI
+# header must be accel/include/rustkvm.h. Then this tree's accelerator
+# library, built and copied beside it. Sets `top` (the directory), `repo`,
+# `logs` (top/logs) and `lib` (the library's copy). For the scripts that
+# build the series in other ways than build-qemu.sh
+# (build-qemu-series.sh, check-build-configs.sh).
+qemu_series_checkout() {
+    local key
+    case "$(qemu_release)" in
+    10.0) top="$RUSTKVM_CACHE/$1" ;;
+    *) top="$RUSTKVM_CACHE/$1-$(qemu_release)" ;;
+    esac
+    repo="$top/src"   # X/src beside X/build-*: ccache hits (qemu_ccache_env)
+    logs="$top/logs"
+    lib="$top/librustkvm_accel.a"
+    mkdir -p "$top" "$logs"
+    step "QEMU $(qemu_release)'s series as commits ($repo)"
+    qemu_ports_check
+    key=$( (qemu_release; qemu_patches | xargs cat) | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
+        rm -rf "$repo" "$top/repo.key"
+        bash "$RUSTKVM_ROOT/scripts/qemu-series.sh" import "$repo" >/dev/null
+        git -C "$repo" tag series
+        echo "$key" >"$top/repo.key"
+    fi
+    git -C "$repo" show series:include/system/rustkvm-abi.h | check_series_header -
+    step "cargo build --release (rustkvm accelerator library)"
+    (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+    cmp -s "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib" 2>/dev/null \
+        || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
+}
+
 # The compiler cache every QEMU build here shares (build-qemu.sh,
 # build-qemu-series.sh).
 qemu_ccache_env() {
