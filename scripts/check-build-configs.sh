@@ -4,12 +4,13 @@
 #
 #   scripts/check-build-configs.sh      # RUSTKVM_QEMU=10.2: QEMU 10.2's series
 #
-#   other-targets   -Drustkvm=enabled with the library, targets x86_64,
-#                   aarch64, arm and riscv64: all four build (-Werror: the
-#                   tree is a git checkout); qemu-system-arm's and
-#                   -riscv64's `-accel help` list no rustkvm, and
-#                   qemu-system-riscv64 answers x-query-rustkvm with
-#                   "rustkvm is not in use"
+#   other-targets   -Drustkvm=enabled with the library, system targets
+#                   x86_64, aarch64, arm and riscv64 and the user-mode
+#                   x86_64-linux-user: all five build (-Werror: the tree
+#                   is a git checkout); qemu-system-arm's and -riscv64's
+#                   `-accel help` list no rustkvm, qemu-system-riscv64
+#                   answers x-query-rustkvm with "rustkvm is not in use",
+#                   and qemu-x86_64 runs /bin/true
 #   auto-no-tcg     -Drustkvm=auto --disable-tcg with the library, x86_64:
 #                   configures with rustkvm off (CONFIG_RUSTKVM_ANY
 #                   undefined), builds, `-accel help` lists kvm and no
@@ -32,18 +33,20 @@ qemu_ccache_env
 git -C "$repo" checkout -q -f series
 ok "QEMU $(qemu_release), $(git -C "$repo" rev-list --count base..series) patches"
 
-# QEMU_CONFIGURE_ARGS with another target list and more arguments (and
-# without --enable-plugins when they disable TCG: configure refuses
-# plugins without it).
+# QEMU_CONFIGURE_ARGS with another target list and more arguments
+# (without --enable-plugins when they disable TCG: configure refuses
+# plugins without it; without --disable-user when they enable it).
 configure_args() { # TARGETS ARGS...
-    local a targets=$1 notcg=
+    local a targets=$1 notcg= user=
     shift
     case " $* " in *" --disable-tcg "*) notcg=1 ;; esac
+    case " $* " in *" --enable-user "*) user=1 ;; esac
     for a in "${QEMU_CONFIGURE_ARGS[@]}"; do
         case "$a" in
         --target-list=*) echo "--target-list=$targets" ;;
         --enable-tcg) ;;    # each configuration says
         --enable-plugins) [ -n "$notcg" ] || echo "$a" ;;
+        --disable-user) [ -n "$user" ] || echo "$a" ;;
         *) echo "$a" ;;
         esac
     done
@@ -70,6 +73,7 @@ build() {
     fi
     if ! ninja -C "$dir" -j"$(nproc)" >>"$log" 2>&1; then
         why="build: $(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/src/##' | cut -c1-100)"
+        [ "$why" != "build: " ] || why="build: ninja failed, no error line (a killed compiler?): $log"
         return 1
     fi
 }
@@ -81,10 +85,10 @@ verdict() { # NAME OK|FAIL TEXT
 }
 accels() { "$1" -accel help 2>&1 | sed 1d | tr '\n' ' '; }
 
-step "other-targets: -Drustkvm=enabled, x86_64 aarch64 arm riscv64"
+step "other-targets: -Drustkvm=enabled, x86_64 aarch64 arm riscv64, x86_64-linux-user"
 why=
-if build other-targets x86_64-softmmu,aarch64-softmmu,arm-softmmu,riscv64-softmmu \
-    --enable-tcg -Drustkvm=enabled "-Drustkvm_lib=$lib"; then
+if build other-targets x86_64-softmmu,aarch64-softmmu,arm-softmmu,riscv64-softmmu,x86_64-linux-user \
+    --enable-tcg --enable-user -Drustkvm=enabled "-Drustkvm_lib=$lib"; then
     d="$top/build-other-targets" bad=
     for a in x86_64 aarch64; do
         accels "$d/qemu-system-$a" | grep -qw rustkvm || bad+="qemu-system-$a lists no rustkvm ($(accels "$d/qemu-system-$a")); "
@@ -95,8 +99,9 @@ if build other-targets x86_64-softmmu,aarch64-softmmu,arm-softmmu,riscv64-softmm
     q=$(printf '%s\n' '{"execute":"qmp_capabilities"}' '{"execute":"x-query-rustkvm"}' '{"execute":"quit"}' \
         | timeout 60 "$d/qemu-system-riscv64" -M virt -bios none -S -display none -nodefaults -qmp stdio 2>&1 || true)
     grep -q '"desc": "rustkvm is not in use' <<<"$q" || bad+="qemu-system-riscv64's x-query-rustkvm: $(grep -m1 -o '"error".*' <<<"$q" || echo "${q:0:100}"); "
+    timeout 60 "$d/qemu-x86_64" /bin/true || bad+="qemu-x86_64 /bin/true exited $?; "
     if [ -z "$bad" ]; then
-        verdict other-targets OK "4 emulators build; arm and riscv64 list $(accels "$d/qemu-system-riscv64")and riscv64 says rustkvm is not in use"
+        verdict other-targets OK "5 emulators build; arm and riscv64 list $(accels "$d/qemu-system-riscv64")and riscv64 says rustkvm is not in use; qemu-x86_64 runs /bin/true"
     else
         verdict other-targets FAIL "$bad"
     fi
