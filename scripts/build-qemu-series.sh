@@ -49,28 +49,16 @@ ok "$n patches; building prefixes $first..$last"
 # build_prefix MODE K: configure (when the arguments change) and build
 # prefix K, checked out, in build-MODE; prints the verdict.
 build_prefix() {
-    local mode=$1 k=$2 build="$top/build-$1" args cfgkey log
+    local mode=$1 k=$2 args
     args=("${QEMU_CONFIGURE_ARGS[@]}")
     if [ "$mode" = on ]; then
         args+=(-Drustkvm=enabled "-Drustkvm_lib=$lib")
     fi
-    log="$logs/prefix-$(printf %04d "$k")-$mode.log"
-    cfgkey=$(printf '%s\n' "${args[@]}" | sha256sum | cut -d' ' -f1)
-    : >"$log"
-    if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
-        rm -rf "$build"
-        mkdir -p "$build"
-        if (cd "$build" && "$repo/configure" "${args[@]}") >"$log" 2>&1; then
-            echo "$cfgkey" >"$build/configure.key"
-        else
-            echo "FAIL (configure)"
-            return
-        fi
-    fi
-    if ninja -C "$build" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 >>"$log" 2>&1; then
+    if qemu_series_build "$top/build-$mode" "$logs/prefix-$(printf %04d "$k")-$mode.log" \
+        qemu-system-x86_64 qemu-system-aarch64 -- "${args[@]}"; then
         echo OK
     else
-        echo "FAIL ($(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/(src|repo)/##' | cut -c1-90))"
+        echo "FAIL ($why)"
     fi
 }
 

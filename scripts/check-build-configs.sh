@@ -54,28 +54,19 @@ configure_args() { # TARGETS ARGS...
 }
 
 # build NAME TARGETS ARGS...: configure (when the arguments change) and
-# build in build-NAME; 0 when both succeed, else 1 with the log's first
-# error in $why.
+# build everything in build-NAME; 0 when both succeed, else 1 with the
+# reason in $why.
 build() {
-    local name=$1 targets=$2 dir="$top/build-$1" log="$logs/$1.log" cfgkey
+    local name=$1 targets=$2
     shift 2
     mapfile -t args < <(configure_args "$targets" "$@")
-    cfgkey=$(printf '%s\n' "${args[@]}" | sha256sum | cut -d' ' -f1)
-    : >"$log"
-    if [ ! -f "$dir/build.ninja" ] || [ "$(cat "$dir/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
-        rm -rf "$dir"
-        mkdir -p "$dir"
-        if ! (cd "$dir" && "$repo/configure" "${args[@]}") >"$log" 2>&1; then
-            why="configure: $(grep -m1 -E 'ERROR|error' "$log" | cut -c1-100)"
-            return 1
-        fi
-        echo "$cfgkey" >"$dir/configure.key"
+    qemu_series_build "$top/build-$name" "$logs/$name.log" -- "${args[@]}" && return
+    if [ "$why" = configure ]; then
+        why="configure: $(grep -m1 -E 'ERROR|error' "$logs/$name.log" | cut -c1-100)"
+    else
+        why="build: $why"
     fi
-    if ! ninja -C "$dir" -j"$(nproc)" >>"$log" 2>&1; then
-        why="build: $(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/src/##' | cut -c1-100)"
-        [ "$why" != "build: " ] || why="build: ninja failed, no error line (a killed compiler?): $log"
-        return 1
-    fi
+    return 1
 }
 
 failed=0

@@ -491,6 +491,34 @@ qemu_series_checkout() {
         || cp "$RUSTKVM_ROOT/target/release/librustkvm_accel.a" "$lib"
 }
 
+# qemu_series_build DIR LOG [TARGET...] -- CONFIGURE_ARG...: configure
+# $repo (qemu_series_checkout) into DIR when DIR has no build or was
+# configured with other arguments, then ninja the targets (none: all);
+# output in LOG. 0 on success, else 1 with `why` set to "configure" or
+# the log's first error.
+qemu_series_build() {
+    local dir=$1 log=$2 cfgkey targets=()
+    shift 2
+    while [ "$#" -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
+    shift
+    cfgkey=$(printf '%s\n' "$@" | sha256sum | cut -d' ' -f1)
+    : >"$log"
+    if [ ! -f "$dir/build.ninja" ] || [ "$(cat "$dir/configure.key" 2>/dev/null)" != "$cfgkey" ]; then
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        if ! (cd "$dir" && "$repo/configure" "$@") >"$log" 2>&1; then
+            why="configure"
+            return 1
+        fi
+        echo "$cfgkey" >"$dir/configure.key"
+    fi
+    if ! ninja -C "$dir" -j"$(nproc)" "${targets[@]}" >>"$log" 2>&1; then
+        why=$(grep -m1 -E 'error:|undefined reference' "$log" | sed -E 's#^.*/src/##' | cut -c1-100)
+        [ -n "$why" ] || why="ninja failed, no error line (a killed compiler?): $log"
+        return 1
+    fi
+}
+
 # The compiler cache every QEMU build here shares (build-qemu.sh,
 # build-qemu-series.sh).
 qemu_ccache_env() {
