@@ -95,14 +95,14 @@ if build other-targets x86_64-softmmu,aarch64-softmmu,i386-softmmu,arm-softmmu,r
         | timeout 60 "$d/qemu-system-riscv64" -M virt -bios none -S -display none -nodefaults -qmp stdio 2>&1 || true)
     grep -q '"desc": "rustkvm is not in use' <<<"$q" || bad+="qemu-system-riscv64's x-query-rustkvm: $(grep -m1 -o '"error".*' <<<"$q" || echo "${q:0:100}"); "
     # qemu-system-arm under TCG: its CPU loop runs the hooks it shares with
-    # aarch64 (the stubs on 10.2); the flash is zeros, `andeq r0, r0, r0`,
-    # so the PC walks up from 0 once the vCPU runs.
+    # aarch64 (the stubs on 10.2); without firmware the flash is zeros,
+    # `andeq r0, r0, r0`, so the PC walks up from 0 once the vCPU runs.
     rc=0
     q=$( { printf '%s\n' '{"execute":"qmp_capabilities"}' '{"execute":"cont"}'
            sleep 2
            printf '%s\n' '{"execute":"human-monitor-command","arguments":{"command-line":"info registers"}}' '{"execute":"quit"}'
-         } | timeout 60 "$d/qemu-system-arm" -M virt -bios none -S -display none -nodefaults -qmp stdio 2>&1) || rc=$?
-    pc=$(grep -o 'R15=[0-9a-f]*' <<<"$q" | head -1)
+         } | timeout 60 "$d/qemu-system-arm" -M virt -S -display none -nodefaults -qmp stdio 2>&1) || rc=$?
+    pc=$(grep -m1 -o 'R15=[0-9a-f]*' <<<"$q" || true)
     [ "$rc" = 0 ] && [ -n "$pc" ] && [ "$pc" != R15=00000000 ] \
         || bad+="qemu-system-arm under tcg: exit $rc, ${pc:-no R15 in info registers}: $(grep -m1 -iE 'error|assert' <<<"$q" | cut -c1-100); "
     timeout 60 "$d/qemu-x86_64" /bin/true || bad+="qemu-x86_64 /bin/true exited $?; "
