@@ -276,8 +276,16 @@ pub fn check_reply(arch: Arch, vcpus: usize, r: &Value) -> Result<(), String> {
         }
         let timers = array(c, "timer", &at)?;
         let want: &[&str] = match arch {
-            Arch::X86_64 => &["tsc-deadline", "tsc"],
-            Arch::Aarch64 => &["cntv-ctl", "cntv-cval", "cntp-ctl", "cntp-cval"],
+            // backend=tcg: the arch's registers, then QEMU's timer for the
+            // cycle counters' PMI (patch 0034, docs/introspection.md).
+            Arch::X86_64 => &["tsc-deadline", "tsc", "pmu-timer"],
+            Arch::Aarch64 => &[
+                "cntv-ctl",
+                "cntv-cval",
+                "cntp-ctl",
+                "cntp-cval",
+                "pmu-timer",
+            ],
         };
         let mut names = Vec::new();
         for (j, t) in timers.iter().enumerate() {
@@ -848,7 +856,8 @@ mod tests {
                                      {"name": "fixed0", "config": 3, "value": 1,
                                       "enabled": false}]},
                 "timer": [{"name": "tsc-deadline", "value": 0},
-                          {"name": "tsc", "value": tsc}]
+                          {"name": "tsc", "value": tsc},
+                          {"name": "pmu-timer", "value": 0}]
             })
         };
         json!({"backend": "tcg", "arch": "x86_64",
@@ -885,8 +894,14 @@ mod tests {
                 {"name": "evt0", "config": 8, "value": 9, "enabled": true},
                 {"name": "cycles", "config": 0, "value": 9, "enabled": true}]},
             "timer": [{"name": "cntv-ctl", "value": 0}, {"name": "cntv-cval", "value": 0},
-                      {"name": "cntp-ctl", "value": 0}, {"name": "cntp-cval", "value": 0}]}]});
+                      {"name": "cntp-ctl", "value": 0}, {"name": "cntp-cval", "value": 0},
+                      {"name": "pmu-timer", "value": 0}]}]});
         assert_eq!(check_reply(Arch::Aarch64, 1, &arm), Ok(()));
+        let mut bad = arm.clone();
+        bad["vcpus"][0]["timer"].as_array_mut().unwrap().pop();
+        assert!(check_reply(Arch::Aarch64, 1, &bad)
+            .unwrap_err()
+            .contains("timer names"));
         let mut bad = arm;
         bad["vcpus"][0]["pvclock"] = json!({"enabled": false, "gpa": 0});
         assert!(check_reply(Arch::Aarch64, 1, &bad).is_err());
