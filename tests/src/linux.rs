@@ -630,6 +630,11 @@ fn dmesg_with(report: &Value, needle: &str) -> Option<String> {
         })
 }
 
+/// A `perf` row: an event with an exact expectation shows the difference
+/// between the two runs against it; one without (cycles and ref-cycles are
+/// time, and the second, longer run may well take fewer of them than the
+/// first, which also translated the loop) shows both runs' counts and their
+/// signed difference, never an unsigned one that wrapped.
 fn event_cell(report: &Value, event: &str) -> String {
     let base = format!("/perf/{event}");
     match report
@@ -637,16 +642,32 @@ fn event_cell(report: &Value, event: &str) -> String {
         .and_then(Value::as_bool)
     {
         Some(true) => {
-            let delta = at(report, &format!("{base}/delta")).unwrap_or_default();
-            match report
+            let count = |run: &str| {
+                report
+                    .pointer(&format!("{base}/count_{run}"))
+                    .and_then(Value::as_u64)
+            };
+            let expected = report
                 .pointer(&format!("{base}/expected_delta"))
-                .and_then(Value::as_u64)
-            {
-                Some(_) if report.pointer(&format!("{base}/exact")) == Some(&Value::Bool(true)) => {
-                    format!("{delta} (exact)")
+                .and_then(Value::as_u64);
+            match (expected, count("n1"), count("n2")) {
+                (None, Some(c1), Some(c2)) => {
+                    let d = i128::from(c2) - i128::from(c1);
+                    format!("{c1} then {c2} (Δ {d:+})")
                 }
-                Some(e) => format!("{delta} (expected {e})"),
-                None => delta,
+                _ => {
+                    let delta = at(report, &format!("{base}/delta")).unwrap_or_default();
+                    match expected {
+                        Some(_)
+                            if report.pointer(&format!("{base}/exact"))
+                                == Some(&Value::Bool(true)) =>
+                        {
+                            format!("{delta} (exact)")
+                        }
+                        Some(e) => format!("{delta} (expected {e})"),
+                        None => delta,
+                    }
+                }
             }
         }
         Some(false) => format!(
@@ -849,7 +870,10 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
             at(r, "/clocksource/available").unwrap_or_default(),
         ),
         ("dmesg kvm-clock", yes_no("kvm-clock")),
-        ("dmesg kvm-stealtime", yes_no("kvm-stealtime")),
+        // Linux 6.12's kvm_register_steal_time (arch/x86/kernel/kvm.c,
+        // pr_fmt "kvm-guest: "): "kvm-guest: stealtime: cpu 1, msr ...";
+        // before 5.11 the line began "kvm-stealtime: ", which this matches too.
+        ("dmesg steal time registered", yes_no("stealtime: cpu")),
         ("dmesg TSC deadline timer", yes_no("TSC deadline timer")),
         ("dmesg clocksource watchdog", yes_no("timekeeping watchdog")),
         ("dmesg arm-pv", yes_no("arm-pv")),
@@ -863,8 +887,11 @@ pub fn rows(run: &LinuxRun) -> Vec<(&'static str, String)> {
         ),
         ("perf instructions Δ", event_cell(r, "instructions")),
         ("perf branches Δ", event_cell(r, "branches")),
-        ("perf cycles Δ", event_cell(r, "cycles")),
-        ("perf ref-cycles Δ", event_cell(r, "ref-cycles")),
+        ("perf cycles (N1 run, N2 run)", event_cell(r, "cycles")),
+        (
+            "perf ref-cycles (N1 run, N2 run)",
+            event_cell(r, "ref-cycles"),
+        ),
         ("perf sampling", sampling),
         ("perf sampling cycles", sampling_cycles),
         (
@@ -1067,6 +1094,90 @@ mod tests {
         let j = to_json(&[run, bad]);
         assert_eq!(j[0]["status"], "ok");
         assert_eq!(j[1]["status"], "error");
+    }
+
+    /// Every row of the table, for a report whose answers are known: the
+    /// dmesg lines Linux 6.12 prints under rustkvm on x86 (AMD model, two
+    /// vCPUs), and perf counts where the second cycles run took fewer
+    /// cycles than the first (the table shows a signed difference).
+    #[test]
+    fn every_row_of_a_known_linux_6_12_report() {
+        let report = r#"{"kernel":"6.12.57+deb13-amd64","cpus":2,
+            "clocksource":{"current":"kvm-clock","available":["kvm-clock","tsc","acpi_pm"]},
+            "dmesg":["[    0.000000] Hypervisor detected: KVM",
+                     "[    0.000000] kvm-clock: Using msrs 4b564d01 and 4b564d00",
+                     "[    0.051234] kvm-guest: stealtime: cpu 0, msr 7dc2a0c0",
+                     "[    0.101000] Performance Events: Fam17h+ 16-deep LBR, core perfctr, AMD PMU driver.",
+                     "[    0.120000] kvm-guest: stealtime: cpu 1, msr 7dd2a0c0",
+                     "[    0.300000] TSC deadline timer available",
+                     "[    1.000000] clocksource: Switched to clocksource kvm-clock"],
+            "hypercall_from_user":{"rax":-1},
+            "perf":{"instructions":{"supported":true,"count_n1":2000010,"count_n2":4000010,"delta":2000000,"expected_delta":2000000,"exact":true},
+                    "branches":{"supported":true,"count_n1":1000003,"count_n2":2000004,"delta":1000001,"expected_delta":1000000,"exact":false},
+                    "cycles":{"supported":true,"count_n1":7600000,"count_n2":3800000,"delta":18446744073705751616,"expected_delta":null,"exact":null},
+                    "ref-cycles":{"supported":false,"errno":2}},
+            "sampling":{"supported":true,"period":100000,"samples":40,"lost":0,"throttled":0,"expected_about":40},
+            "sampling_cycles":{"supported":true,"period":1000000,"samples":7,"lost":0},
+            "steal":{"total_delta_ms":12},
+            "clocks":{"monotonic_backwards":0,"realtime_minus_monotonic_spread_ns":1000}}"#;
+        let console = format!(
+            "{BEGIN_MARKER}\n{}\n{END_MARKER}\n",
+            report.replace('\n', " ")
+        );
+        let run = run_with(&console, Backend::Rustkvm);
+        let want = [
+            ("status", "OK 5.0s"),
+            ("kernel", "6.12.57+deb13-amd64"),
+            ("cpus", "2"),
+            ("hypervisor detected", "KVM"),
+            (
+                "pmu driver",
+                "Performance Events: Fam17h+ 16-deep LBR, core perfctr, AMD PMU driver.",
+            ),
+            ("VMCALL from user mode", "RAX = -1"),
+            ("clocksource", "kvm-clock"),
+            ("clocksources available", "kvm-clock tsc acpi_pm"),
+            ("dmesg kvm-clock", "yes"),
+            ("dmesg steal time registered", "yes"),
+            ("dmesg TSC deadline timer", "yes"),
+            ("dmesg clocksource watchdog", "no"),
+            ("dmesg arm-pv", "no"),
+            ("smccc", "-"),
+            ("smccc trng", "-"),
+            ("perf instructions Δ", "2000000 (exact)"),
+            ("perf branches Δ", "1000001 (expected 1000000)"),
+            (
+                "perf cycles (N1 run, N2 run)",
+                "7600000 then 3800000 (Δ -3800000)",
+            ),
+            ("perf ref-cycles (N1 run, N2 run)", "unsupported (errno 2)"),
+            (
+                "perf sampling",
+                "40 samples (~40 expected), 0 lost, throttled 0x",
+            ),
+            (
+                "perf sampling cycles",
+                "7 samples every 1000000 cycles, 0 lost",
+            ),
+            ("steal ms over busy loop", "12"),
+            ("monotonic backwards", "0"),
+            ("realtime-monotonic spread ns", "1000"),
+            ("wall clock - host s", "0.25"),
+        ];
+        let got = rows(&run);
+        let got: Vec<(&str, &str)> = got.iter().map(|(l, v)| (*l, v.as_str())).collect();
+        assert_eq!(got, want);
+        // Linux before 5.11 said "kvm-stealtime: cpu 0, ..."; a guest
+        // without steal time prints neither.
+        let old = console.replace("kvm-guest: stealtime", "kvm-stealtime");
+        let none = console.replace("kvm-guest: stealtime: cpu", "kvm-guest: setup PV IPIs");
+        for (c, yes) in [(old, "yes"), (none, "no")] {
+            let r = rows(&run_with(&c, Backend::Rustkvm));
+            assert!(
+                r.contains(&("dmesg steal time registered", yes.into())),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]
