@@ -85,7 +85,16 @@ pub fn record_verdict(label: &str, status: &Status) {
     // A run that is not the suite's own says which it is
     // ([`VERDICT_PREFIX_ENV`]).
     let prefix = std::env::var(VERDICT_PREFIX_ENV).unwrap_or_default();
-    let line = format!("{word}\t{}{}\t{}\n", flat(&prefix), flat(label), flat(why));
+    // The cargo test that ran it (libtest names each test's thread after
+    // the test): scripts/test.sh counts that test's runs, not the test too.
+    let test = std::thread::current().name().unwrap_or_default().to_owned();
+    let line = format!(
+        "{word}\t{}{}\t{}\t{}\n",
+        flat(&prefix),
+        flat(label),
+        flat(why),
+        flat(&test)
+    );
     // One write of one short line to an O_APPEND file: lines from parallel
     // tests do not interleave.
     let written = std::fs::OpenOptions::new()

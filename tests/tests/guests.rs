@@ -2133,6 +2133,110 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
     );
 }
 
+/// KVM_HC_KICK_CPU and KVM_HC_SEND_IPI aimed at a vCPU being unplugged
+/// (guest `x86-hotplug-kick`, QMP): vCPU 1 spins both at APIC ID 2 while
+/// eight rounds of `device_add`, the guest's kick, `device_del` and eject
+/// add and free CPU 2; the target is found and used under the BQL, which
+/// unplug holds (issue 46: before, a kick dereferenced `cpu->accel` with
+/// no lock while unrealize freed it; under the sanitizer build that is a
+/// use-after-free report). The kicked CPU 2, which waits for its SIPI,
+/// is still halted at its reset vector after the kick (KVM leaves
+/// INIT_RECEIVED only for a SIPI), and the guest's own SEND_IPI is
+/// delivered while CPU 2 is there and not once it is gone.
+#[test]
+fn x86_kick_and_ipi_at_a_vcpu_being_unplugged() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let _serial = serial();
+    let t = find_test("x86-hotplug-kick");
+    let exe = qemu::emulator(Arch::X86_64).expect("emulator");
+    let sock = std::env::temp_dir().join(format!("rustkvm-hotkick-{}.sock", std::process::id()));
+    let mut args = qemu::command_args(
+        Arch::X86_64,
+        Backend::Rustkvm,
+        Variant::Default,
+        2,
+        t.cpu.as_deref(),
+        &t.binary(Arch::X86_64),
+    );
+    let smp = args.iter().position(|a| a == "-smp").expect("-smp") + 1;
+    // MTTCG gives each vCPU thread a TCG context for good: up to maxcpus
+    // threads in a process (tcg_register_thread), so each round's CPU 2
+    // takes a slot of its own (2 + 8 rounds).
+    args[smp] = "2,maxcpus=10,sockets=10,cores=1,threads=1".into();
+    args.extend([
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", sock.display()),
+    ]);
+    let mut child = Command::new("timeout")
+        .arg("300")
+        .arg(&exe)
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("QEMU");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut log = String::new();
+    assert!(
+        serial_until(&mut lines, "ready", &mut log),
+        "never ready:\n{log}"
+    );
+    let mut qmp = Qmp::connect(&sock);
+    let slots = qmp.cmd("query-hotpluggable-cpus", serde_json::json!({}));
+    let mut slot = slots["return"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["props"]["socket-id"] == 2))
+        .unwrap_or_else(|| panic!("no socket 2: {slots}"))["props"]
+        .clone();
+    slot["driver"] = slots["return"][0]["type"].clone();
+    slot["id"] = "cpu2".into();
+    for round in 0..8 {
+        let added = qmp.cmd("device_add", slot.clone());
+        assert!(added.get("return").is_some(), "round {round}: {added}");
+        stdin.write_all(b"a").expect("serial");
+        stdin.flush().expect("serial");
+        assert!(
+            serial_until(&mut lines, "added", &mut log),
+            "round {round}:\n{log}"
+        );
+        // Kicked, CPU 2 still waits for its SIPI, at its reset vector.
+        let regs = qmp.cmd(
+            "human-monitor-command",
+            serde_json::json!({"command-line": "info registers", "cpu-index": 2}),
+        );
+        let regs = regs["return"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            regs.contains("HLT=1") && regs.contains("EIP=0000fff0"),
+            "round {round}: CPU 2 left its wait for SIPI after a kick:\n{regs}"
+        );
+        let del = qmp.cmd("device_del", serde_json::json!({"id": "cpu2"}));
+        assert!(del.get("return").is_some(), "round {round}: {del}");
+        assert!(
+            serial_until(&mut lines, "removed", &mut log),
+            "round {round}:\n{log}"
+        );
+        qmp.event("DEVICE_DELETED", "/machine/peripheral/cpu2/lapic");
+    }
+    drop(stdin);
+    for l in lines.map_while(Result::ok) {
+        log.push_str(&l);
+        log.push('\n');
+    }
+    let status = child.wait().expect("QEMU");
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    let _ = std::fs::remove_file(&sock);
+    assert!(
+        status.code() == Some(1) && log.contains("summary") && !log.contains("not ok"),
+        "QEMU {status}:\n{log}\n--- stderr ---\n{stderr}"
+    );
+    assert!(log.contains("ok every-round-as-kvm-answers"), "{log}");
+}
+
 /// A guest reboot (no `-no-reboot`; guest `reboot`) forgets what the guest
 /// registered: after the reset its steal-time/kvmclock/wall-clock areas
 /// (x86) and PV time structure (arm64, until it asks again) are not
