@@ -1526,13 +1526,13 @@ fn query_rustkvm_reports_what_the_guest_set_in_one_schema_on_both_backends() {
     let _serial = serial();
     let mut x86_schemas = Vec::new();
     let mut backends = vec![Backend::Rustkvm];
-    if rustkvm_tests::host::kvm_unavailable(Arch::X86_64).is_none() {
-        backends.push(Backend::Kvm);
-    } else {
-        println!(
-            "kvm: SKIP({})",
-            rustkvm_tests::host::kvm_unavailable(Arch::X86_64).unwrap()
-        );
+    // The kvm run: a host limit detected before it is a SKIP verdict with
+    // its reason (the closing line counts it), not a line on stdout.
+    match rustkvm_tests::host::kvm_unavailable(Arch::X86_64) {
+        None => backends.push(Backend::Kvm),
+        Some(why) => {
+            rustkvm_tests::record_verdict("x86_64/kvm x-query-rustkvm", &Status::Skip(why))
+        }
     }
     for backend in backends {
         let r = introspect(Arch::X86_64, backend, Some("max"));
@@ -1809,7 +1809,9 @@ fn steal_time_follows_the_kvm_selftest_on_every_backend() {
     steal_time_selftest(Arch::Aarch64, Backend::Rustkvm);
     match rustkvm_tests::host::kvm_unavailable(Arch::X86_64) {
         None => steal_time_selftest(Arch::X86_64, Backend::Kvm),
-        Some(why) => println!("x86_64/kvm: SKIP({why})"),
+        Some(why) => {
+            rustkvm_tests::record_verdict("x86_64/kvm steal-time-selftest", &Status::Skip(why))
+        }
     }
 }
 
