@@ -26,12 +26,18 @@
 //!   (PEBS with the baseline: a host KVM older than Linux 6.9 with PEBS);
 //!   without them the `kvm` run is SKIP with the reason.
 //!
-//! and, for what the project's kvm_pvm hosts measurably cannot do (see
-//! `host.rs`), one line whose text is the SKIP reason there:
+//! and, for what some hosts' KVM cannot do (the project's kvm_pvm hosts,
+//! measured), one line naming the probe that tries it and the SKIP reason
+//! where the probe fails:
 //!
 //! ```text
-//! //! rustkvm-kvm-pvm-skip: guest writes to IA32_TSC do not move the TSC
+//! //! rustkvm-kvm-probe: tsc-write guest writes to IA32_TSC do not move the TSC
 //! ```
+//!
+//! The probe is the guest `kvm-probe-NAME`, booted on the kvm backend with
+//! its short time limit, once per runner process (`run.rs` `kvm_skip`): a
+//! host where it passes runs the guest; one where it fails or hangs SKIPs
+//! it, with the reason and what the probe did.
 //!
 //! What the guest is expected to do is declared, not inferred from what it
 //! does: a run whose outcome differs from the declaration fails.
@@ -66,8 +72,8 @@ use crate::HarnessError;
 const MARKER: &str = "//! rustkvm-test:";
 /// A guest's `timeout` when it names none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-/// Marker of the kvm_pvm SKIP reason line.
-const PVM_SKIP_MARKER: &str = "//! rustkvm-kvm-pvm-skip:";
+/// Marker of the line naming a host probe and the SKIP reason where it fails.
+const KVM_PROBE_MARKER: &str = "//! rustkvm-kvm-probe:";
 /// Marker of a line declaring the guest's outcome per configuration.
 const EXPECT_MARKER: &str = "//! rustkvm-expect:";
 /// Marker of a line declaring checks a passing guest may skip.
@@ -163,8 +169,9 @@ pub struct GuestTest {
     pub matrix: bool,
     /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`, `lbr`, `pebs`).
     pub needs: Vec<String>,
-    /// Why the `kvm` backend SKIPs it on a kvm_pvm host.
-    pub kvm_pvm_skip: Option<String>,
+    /// The host probe (guest `kvm-probe-NAME`) the `kvm` backend must pass
+    /// to run it, and the SKIP reason where the probe fails.
+    pub kvm_probe: Option<(String, String)>,
     /// Declared outcomes (`rustkvm-expect`), in file order.
     pub expect: Vec<(Selector, Expected)>,
     /// Declared skippable checks (`rustkvm-expect-skip`), in file order.
@@ -191,14 +198,18 @@ impl GuestTest {
             compare: true,
             matrix: true,
             needs: Vec::new(),
-            kvm_pvm_skip: None,
+            kvm_probe: None,
             expect: Vec::new(),
             expect_skip: Vec::new(),
         };
         let mut seen = false;
         for line in text.lines() {
-            if let Some(why) = line.trim().strip_prefix(PVM_SKIP_MARKER) {
-                test.kvm_pvm_skip = Some(why.trim().to_string());
+            if let Some(rest) = line.trim().strip_prefix(KVM_PROBE_MARKER) {
+                let (probe, why) = rest.trim().split_once(' ').unwrap_or((rest.trim(), ""));
+                if probe.is_empty() || why.trim().is_empty() {
+                    return Err(bad(format!("'{}' is not 'PROBE REASON'", rest.trim())));
+                }
+                test.kvm_probe = Some((probe.to_string(), why.trim().to_string()));
                 continue;
             }
             if let Some(rest) = line.trim().strip_prefix(EXPECT_SKIP_MARKER) {
@@ -383,14 +394,22 @@ mod tests {
         assert!(t.matrix);
         let t = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64 matrix=off").unwrap();
         assert!(!t.matrix);
-        assert!(t.needs.is_empty() && t.kvm_pvm_skip.is_none());
+        assert!(t.needs.is_empty() && t.kvm_probe.is_none());
         let t = GuestTest::parse(
             "g",
-            "//! rustkvm-test: arch=x86_64 needs=pmu\n//! rustkvm-kvm-pvm-skip:  VMCALL hangs \n",
+            "//! rustkvm-test: arch=x86_64 needs=pmu\n//! rustkvm-kvm-probe: hypercall  VMCALL hangs \n",
         )
         .unwrap();
         assert_eq!(t.needs, vec!["pmu"]);
-        assert_eq!(t.kvm_pvm_skip.as_deref(), Some("VMCALL hangs"));
+        assert_eq!(
+            t.kvm_probe,
+            Some(("hypercall".to_string(), "VMCALL hangs".to_string()))
+        );
+        assert!(GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-kvm-probe: hypercall\n"
+        )
+        .is_err());
     }
 
     #[test]

@@ -270,7 +270,7 @@ mod tests {
             compare: true,
             matrix: true,
             needs: Vec::new(),
-            kvm_pvm_skip: None,
+            kvm_probe: None,
             expect: Vec::new(),
             expect_skip: Vec::new(),
         }

@@ -345,10 +345,53 @@ pub fn kvm_skip(test: &GuestTest, arch: Arch) -> Option<String> {
             return Some(why);
         }
     }
-    match &test.kvm_pvm_skip {
-        Some(why) if host::kvm_is_pvm() => Some(format!("kvm_pvm: {why}")),
-        _ => None,
+    let (probe, why) = test.kvm_probe.as_ref()?;
+    probe_failure(probe, arch).map(|what| format!("{why} (probe kvm-probe-{probe}: {what})"))
+}
+
+/// What the host probe `kvm-probe-NAME` did on the kvm backend when it did
+/// not pass (None: it passed, the host can), booted once per process and
+/// architecture within its own short time limit: the host limit itself is
+/// tried, not inferred from which KVM module is loaded.
+fn probe_failure(name: &str, arch: Arch) -> Option<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    /// Each probe's answer, per architecture.
+    type Answers = HashMap<(String, Arch), Option<String>>;
+    static SEEN: OnceLock<Mutex<Answers>> = OnceLock::new();
+    let key = (name.to_string(), arch);
+    let seen = SEEN.get_or_init(Default::default);
+    // The lock is held over the boot: a second caller waits for the answer.
+    let mut seen = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(answer) = seen.get(&key) {
+        return answer.clone();
     }
+    let probe = format!("kvm-probe-{name}");
+    let answer = match crate::guest::discover()
+        .ok()
+        .and_then(|all| all.into_iter().find(|t| t.name == probe))
+    {
+        None => Some(format!("no guest {probe}")),
+        Some(t) => {
+            // Not a plain run: the probe's outcome is no verdict of its own.
+            let opts = RunOptions {
+                timeout: Some(t.timeout),
+                ..RunOptions::default()
+            };
+            match run_with(&t, arch, Variant::Default, Backend::Kvm, &opts) {
+                Ok(r) => match r.outcome.status {
+                    Status::Pass => None,
+                    Status::Fail(w) => Some(w),
+                    Status::Skip(w) => Some(format!("skipped: {w}")),
+                },
+                Err(e) => Some(e.to_string()),
+            }
+        }
+    };
+    seen.insert(key, answer.clone());
+    answer
 }
 
 impl Outcome {

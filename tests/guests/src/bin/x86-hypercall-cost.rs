@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 compare=off vary=cycles.vmcall,cycles.cpuid,cycles.ratio.x1000
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
-//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
+//! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! The cost of a KVM hypercall against the cost of CPUID, the cheapest
 //! instruction that also leaves translated code for a helper: guest TSC

@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 cpu=max,kvm-pv-enforce-cpuid=on,kvm-steal-time=off,kvm-pv-unhalt=off,kvm-pv-ipi=off,kvm-pv-sched-yield=off,kvm-pv-eoi=off compare=off
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
-//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
+//! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! `-cpu ...,kvm-pv-enforce-cpuid=on` (KVM_CAP_ENFORCE_PV_FEATURE_CPUID), as
 //! Linux's KVM selftest `kvm_pv_test.c` checks it: every PV MSR whose

@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=ap.preempted-seen,ap.steal-ns,ap.preempted-permille
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
-//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
+//! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! The two-vCPU half of KVM's PV interface: KVM_HC_KICK_CPU wakes a vCPU
 //! halted with interrupts off (pv-unhalt), and one vCPU can read the other's

@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
-//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
+//! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! KVM's paravirtual interface as a KVM guest sees it: the signature and
 //! feature leaves, and hypercalls through VMCALL and VMMCALL. SKIPs where

@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu
 //! rustkvm-expect: tcg=skip
 //!   (stock TCG has no x86 PMU)
-//! rustkvm-kvm-pvm-skip: VMCALL never completes there (measured)
+//! rustkvm-kvm-probe: hypercall VMCALL never completes on this host's KVM (measured)
 //!
 //! PMU accounting where a counting block does not run to its end (issue
 //! 17.3), against the guest's own arithmetic:

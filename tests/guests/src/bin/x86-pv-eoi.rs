@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off needs=pv-eoi
 //! rustkvm-expect: tcg=skip
 //!   (no KVM signature under stock TCG)
-//! rustkvm-kvm-pvm-skip: a self-IPI requested with interrupts off stays in the IRR through the sti windows there (measured: IRR set, no handler run, with PV EOI on or off)
+//! rustkvm-kvm-probe: self-ipi a self-IPI requested with interrupts off stays in the IRR through the sti windows on this host's KVM (measured: IRR set, no handler run, with PV EOI on or off)
 //!
 //! PV EOI (KVM_FEATURE_PV_EOI) as a KVM guest sees it, with Linux's own
 //! handler protocol (`kvm_guest_apic_eoi_write`: a test-and-clear of the

@@ -1,5 +1,5 @@
 //! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield,rdmsr.tsc.nonzero,rdpmc.0
-//! rustkvm-kvm-pvm-skip: hypercalls never complete there (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
+//! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //!
 //! Exercises every x86 instruction rustkvm routes into Rust (CPUID, RDMSR,
 //! WRMSR, RDPMC) plus VMCALL, and records how each is answered. Every answer

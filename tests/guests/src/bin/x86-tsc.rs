@@ -1,7 +1,7 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off
 //! rustkvm-expect: tcg=skip
 //!   (stock TCG's max model has no IA32_TSC_ADJUST)
-//! rustkvm-kvm-pvm-skip: guest writes to IA32_TSC and IA32_TSC_ADJUST do not move the TSC there (measured)
+//! rustkvm-kvm-probe: tsc-write guest writes to IA32_TSC and IA32_TSC_ADJUST do not move the TSC on this host's KVM (measured)
 //!
 //! A writable TSC and IA32_TSC_ADJUST with KVM's semantics (Intel SDM vol. 3
 //! §18.17.3, Linux arch/x86/kvm/x86.c `kvm_set_msr_common`): RDMSR IA32_TSC
