@@ -2163,10 +2163,16 @@ fn x86_kick_and_ipi_at_a_vcpu_being_unplugged() {
         &t.binary(Arch::X86_64),
     );
     let smp = args.iter().position(|a| a == "-smp").expect("-smp") + 1;
-    // MTTCG gives each vCPU thread a TCG context for good: up to maxcpus
-    // threads in a process (tcg_register_thread), so each round's CPU 2
-    // takes a slot of its own (2 + 8 rounds).
-    args[smp] = "2,maxcpus=10,sockets=10,cores=1,threads=1".into();
+    // Rounds: 8, or RUSTKVM_HOTPLUG_ROUNDS (a soak under the sanitizer
+    // build, scripts/sanitize.sh --subset). MTTCG gives each vCPU thread a
+    // TCG context for good, up to maxcpus threads in a process
+    // (tcg_register_thread), so each round's CPU 2 takes a slot of its own.
+    let rounds: u32 = std::env::var("RUSTKVM_HOTPLUG_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| (1..=200).contains(r))
+        .unwrap_or(8);
+    args[smp] = format!("2,maxcpus={0},sockets={0},cores=1,threads=1", rounds + 2);
     args.extend([
         "-qmp".into(),
         format!("unix:{},server=on,wait=off", sock.display()),
@@ -2196,7 +2202,7 @@ fn x86_kick_and_ipi_at_a_vcpu_being_unplugged() {
         .clone();
     slot["driver"] = slots["return"][0]["type"].clone();
     slot["id"] = "cpu2".into();
-    for round in 0..8 {
+    for round in 0..rounds {
         let added = qmp.cmd("device_add", slot.clone());
         assert!(added.get("return").is_some(), "round {round}: {added}");
         stdin.write_all(b"a").expect("serial");
@@ -2223,6 +2229,8 @@ fn x86_kick_and_ipi_at_a_vcpu_being_unplugged() {
         );
         qmp.event("DEVICE_DELETED", "/machine/peripheral/cpu2/lapic");
     }
+    stdin.write_all(b"q").expect("serial");
+    stdin.flush().expect("serial");
     drop(stdin);
     for l in lines.map_while(Result::ok) {
         log.push_str(&l);
@@ -2237,6 +2245,7 @@ fn x86_kick_and_ipi_at_a_vcpu_being_unplugged() {
         "QEMU {status}:\n{log}\n--- stderr ---\n{stderr}"
     );
     assert!(log.contains("ok every-round-as-kvm-answers"), "{log}");
+    assert!(log.contains(&format!("measure rounds {rounds}")), "{log}");
 }
 
 /// A guest reboot (no `-no-reboot`; guest `reboot`) forgets what the guest
