@@ -87,10 +87,23 @@ else
 fi
 
 # ---------------------------------------------------------------- rust
-step "cargo build --release (rustkvm accelerator library)"
-(cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+# The sanitizer build links a library with debug assertions (the callbacks'
+# lock rules, ffi.rs HostMemory) and overflow checks on, built apart so the
+# release library stays as it is.
+if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
+    step "cargo build --release with debug assertions and overflow checks (rustkvm accelerator library)"
+    lib_target="$RUSTKVM_ROOT/target/checked"
+    (cd "$RUSTKVM_ROOT" && CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true \
+        CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true \
+        cargo build --release --quiet -p rustkvm-accel --target-dir "$lib_target") \
+        || die "cargo build failed"
+else
+    step "cargo build --release (rustkvm accelerator library)"
+    lib_target="$RUSTKVM_ROOT/target"
+    (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+fi
 mkdir -p "$QBUILD/rustkvm"
-lib_src="$RUSTKVM_ROOT/target/release/librustkvm_accel.a"
+lib_src="$lib_target/release/librustkvm_accel.a"
 lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
 # Copy only on change: ninja relinks when this file's mtime moves. Two
 # clones of one commit build libraries that differ only in the paths
@@ -101,6 +114,7 @@ lib_key() {
     (
         cd "$RUSTKVM_ROOT" || exit 1
         rustc -V
+        echo "sanitize=${RUSTKVM_SANITIZE:-0}"
         git rev-parse HEAD:accel HEAD:Cargo.lock HEAD:Cargo.toml || exit 1
         git diff HEAD -- accel Cargo.lock Cargo.toml
         git ls-files --others --exclude-standard -- accel | sort | xargs -r sha256sum

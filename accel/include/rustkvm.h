@@ -127,6 +127,12 @@ typedef struct RustkvmHostOps {
      * On that vCPU's thread.
      */
     int64_t (*x86_linear_to_gpa)(uint32_t cpu_index, uint64_t linear);
+    /**
+     * Whether the calling thread holds the BQL (bql_locked()): debug builds
+     * of the library assert the callbacks' lock rules above with it. Any
+     * thread.
+     */
+    bool (*bql_locked)(void);
 } RustkvmHostOps;
 
 /** Machine-wide options, from -accel rustkvm,... properties. */
@@ -234,6 +240,15 @@ bool rustkvm_inject_add(uint32_t cpu, int64_t at_ns, uint64_t steal_ns,
                         uint64_t window_ns, char *err, uint32_t err_len);
 /** The injection timer (RustkvmHostOps.inject_timer) expired. */
 void rustkvm_inject_fire(void);
+/** Bytes per injection in the "rustkvm/inject" subsection. */
+#define RUSTKVM_INJECT_RECORD_LEN 32u
+/**
+ * At most this many injections of one vCPU not done yet: rustkvm_inject_add
+ * and rustkvm_inject_spec refuse more, and a stream bringing more (a
+ * subsection longer than max_cpus * this * RUSTKVM_INJECT_RECORD_LEN bytes)
+ * is refused before its buffer is allocated.
+ */
+#define RUSTKVM_INJECT_MAX_PER_VCPU 1024u
 /**
  * The injections not done yet, as vmstate carries them (QEMU's
  * "rustkvm/inject" subsection): copies up to `len` bytes into `buf` (NULL

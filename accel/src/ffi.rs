@@ -124,14 +124,44 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
     header::RUSTKVM_OK
 }
 
-/// Guest RAM through QEMU's callbacks.
+/// QEMU's services through its callbacks (`RustkvmHostOps`). Which thread
+/// and which locks each needs, and who upholds it:
+///
+/// | callback | thread | locks |
+/// |---|---|---|
+/// | `ram_read`, `ram_write`, `ram_store`, `ram_xchg8` | an RCU-registered one: a vCPU thread, or ours after `thread_attach` | none needed (they take the RCU read lock; RAM only, never MMIO, so no BQL); may be called under a vCPU lock |
+/// | `send_ipi`, `tsc_deadline_changed` | any | take the BQL themselves: called under no vCPU lock (the BQL is above every lock of ours) |
+/// | `clock_ns` | any | none |
+/// | `inject_timer`, `wake_vcpu` | any | the BQL held, no vCPU lock ([`HostMemory::assert_bql`]) |
+/// | `thread_attach`, `thread_detach` | the thread of ours it (un)registers | none |
+/// | `x86_linear_to_gpa` | that vCPU's thread | none |
+///
+/// Debug builds assert the BQL rule where QEMU says (`bql_locked`); the
+/// sanitizer build (scripts/sanitize.sh) links such a library.
 struct HostMemory(header::RustkvmHostOps);
 
-// SAFETY: the callbacks are plain C functions that QEMU makes safe to call
-// from any vCPU thread (they take the RCU read lock themselves).
+// SAFETY: the struct is a table of C function pointers and holds no state;
+// what makes each call sound is the thread and lock rule of the table
+// above, which every caller in this crate follows (asserted where QEMU can
+// tell). Moving the table to another thread changes none of them.
 unsafe impl Send for HostMemory {}
-// SAFETY: as above; they hold no state of ours.
+// SAFETY: as above: shared use is calls, each under its own rule.
 unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// Debug builds: `what` is called with the BQL held, where QEMU can
+    /// tell (`bql_locked` given).
+    fn assert_bql(&self, what: &str) {
+        if cfg!(debug_assertions) {
+            if let Some(f) = self.0.bql_locked {
+                // SAFETY: a plain C function of QEMU's without arguments,
+                // callable from any thread.
+                let held = unsafe { f() };
+                assert!(held, "rustkvm: {what} called without the BQL");
+            }
+        }
+    }
+}
 
 impl Interrupts for HostMemory {
     fn send_ipi(&self, apic_id: u32, icr: u32) -> bool {
@@ -158,6 +188,7 @@ impl Timers for HostMemory {
         }
     }
     fn inject_timer(&self, deadline_ns: Option<u64>) {
+        self.assert_bql("inject_timer");
         if let Some(f) = self.0.inject_timer {
             let at = deadline_ns.map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX));
             // SAFETY: a plain C function of QEMU's taking an integer.
@@ -165,6 +196,7 @@ impl Timers for HostMemory {
         }
     }
     fn wake_vcpu(&self, index: u32) {
+        self.assert_bql("wake_vcpu");
         if let Some(f) = self.0.wake_vcpu {
             // SAFETY: a plain C function of QEMU's taking an integer.
             unsafe { f(index) }
@@ -1436,6 +1468,9 @@ pub unsafe extern "C" fn rustkvm_arm_pmu_load(vcpu: *mut RustkvmVcpu, regs: *con
 }
 
 const _: () = assert!(header::RUSTKVM_ARM_PMU_REGS as usize == crate::arm::pmu::SAVED_REGS);
+// The subsection's bound C computes from the header is the one decode applies.
+const _: () = assert!(header::RUSTKVM_INJECT_RECORD_LEN as usize == crate::inject::ENCODED_LEN);
+const _: () = assert!(header::RUSTKVM_INJECT_MAX_PER_VCPU as usize == crate::inject::MAX_PER_VCPU);
 
 /// The PMI budget ran out (AArch64 vCPU thread).
 ///
@@ -1456,6 +1491,51 @@ mod tests {
     use super::*;
     use std::ffi::CStr;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    static BQL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static TIMER_CALLS: AtomicU64 = AtomicU64::new(0);
+    extern "C" fn fake_bql_locked() -> bool {
+        BQL.load(Ordering::SeqCst)
+    }
+    extern "C" fn fake_inject_timer(_deadline_ns: i64) {
+        TIMER_CALLS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Issue 46: the callbacks that need the BQL are asserted to have it in
+    /// debug builds, where QEMU says; without `bql_locked` nothing is
+    /// asserted.
+    #[test]
+    fn the_bql_rule_is_asserted_where_qemu_can_tell() {
+        let ops = |bql_locked| header::RustkvmHostOps {
+            ram_read: None,
+            ram_write: None,
+            ram_store: None,
+            ram_xchg8: None,
+            thread_attach: None,
+            thread_detach: None,
+            send_ipi: None,
+            clock_ns: None,
+            tsc_deadline_changed: None,
+            inject_timer: Some(fake_inject_timer),
+            wake_vcpu: None,
+            x86_linear_to_gpa: None,
+            bql_locked,
+        };
+        HostMemory(ops(None)).inject_timer(Some(1));
+        BQL.store(true, Ordering::SeqCst);
+        HostMemory(ops(Some(fake_bql_locked))).inject_timer(Some(1));
+        assert_eq!(TIMER_CALLS.load(Ordering::SeqCst), 2);
+        BQL.store(false, Ordering::SeqCst);
+        for call in [
+            |h: &HostMemory| h.inject_timer(None),
+            |h: &HostMemory| h.wake_vcpu(0),
+        ] {
+            let unlocked = HostMemory(ops(Some(fake_bql_locked)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(&unlocked)));
+            assert!(r.is_err(), "called without the BQL and not asserted");
+        }
+        assert_eq!(TIMER_CALLS.load(Ordering::SeqCst), 2);
+    }
 
     /// A fake KVM_GET_MSRS: MSR `index` reads as `index + 1`, except the
     /// index `opaque` points at (if not 0), which fails.
@@ -1553,6 +1633,7 @@ mod tests {
                 inject_timer: None,
                 wake_vcpu: None,
                 x86_linear_to_gpa: None,
+                bql_locked: None,
             };
             let bad_arch = RustkvmConfig {
                 arch: 9,

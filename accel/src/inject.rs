@@ -43,6 +43,18 @@ impl Injection {
         }
     }
 
+    /// Refused if its steal or window is longer than [`MAX_AMOUNT_NS`]
+    /// (so that the steal a guest sees, and VM time plus a window, stay far
+    /// from 2^64).
+    fn check_amounts(&self) -> Result<(), InjectError> {
+        for (what, ns) in [("steal", self.steal_ns), ("window", self.window_ns)] {
+            if ns > MAX_AMOUNT_NS {
+                return Err(InjectError::TooLong { what, ns });
+            }
+        }
+        Ok(())
+    }
+
     /// When the window ends (VM ns).
     pub fn end_ns(&self) -> u64 {
         self.at_ns.saturating_add(self.window_ns)
@@ -80,6 +92,20 @@ pub enum InjectError {
     /// A migration stream's schedule is malformed.
     #[error("bad injection schedule in the migration stream: {0}")]
     Stream(String),
+    /// A steal or a window longer than [`MAX_AMOUNT_NS`].
+    #[error("{what} of {ns} ns: at most {MAX_AMOUNT_NS} ns (1 day)")]
+    TooLong {
+        /// "steal" or "window".
+        what: &'static str,
+        /// The length given.
+        ns: u64,
+    },
+    /// A vCPU has [`MAX_PER_VCPU`] injections not done yet.
+    #[error("vCPU {cpu} already has {MAX_PER_VCPU} injections not done yet")]
+    TooMany {
+        /// The vCPU.
+        cpu: u32,
+    },
     /// Two windows of one vCPU overlap.
     #[error("vCPU {cpu}: the window {at_ns}..{end_ns} ns overlaps another of its windows")]
     Overlap {
@@ -183,18 +209,17 @@ impl Schedule {
                 now_ns,
             });
         }
-        // Half-open windows [at, end); a zero window is the instant `at`,
-        // which may touch but not fall inside another window.
-        let overlaps = |o: &Injection| {
-            o.cpu == inj.cpu
-                && if inj.window_ns == 0 || o.window_ns == 0 {
-                    (o.at_ns < inj.at_ns && inj.at_ns < o.end_ns())
-                        || (inj.at_ns < o.at_ns && o.at_ns < inj.end_ns())
-                } else {
-                    inj.at_ns < o.end_ns() && o.at_ns < inj.end_ns()
-                }
+        inj.check_amounts()?;
+        let mine = || {
+            self.pending
+                .iter()
+                .chain(&self.active)
+                .filter(|o| o.cpu == inj.cpu)
         };
-        if self.pending.iter().chain(&self.active).any(overlaps) {
+        if mine().count() >= MAX_PER_VCPU {
+            return Err(InjectError::TooMany { cpu: inj.cpu });
+        }
+        if mine().any(|o| overlap(o, &inj)) {
             return Err(InjectError::Overlap {
                 cpu: inj.cpu,
                 at_ns: inj.at_ns,
@@ -294,12 +319,22 @@ impl Schedule {
     }
 
     /// A schedule from [`Schedule::encode`]'s bytes, for a machine of
-    /// `max_cpus` vCPUs; refused if malformed (a stream is input).
+    /// `max_cpus` vCPUs; refused if malformed (a stream is input): as
+    /// [`Schedule::add`] refuses, an unknown vCPU, more than
+    /// [`MAX_PER_VCPU`] injections of one vCPU or two of its windows that
+    /// overlap, and a window in progress that is empty. A start already
+    /// past is taken (it is due at once). O(n log n) in the records.
     pub fn decode(bytes: &[u8], max_cpus: u32) -> Result<Schedule, InjectError> {
         if bytes.len() % ENCODED_LEN != 0 {
             return Err(InjectError::Stream(format!(
                 "{} bytes, not a multiple of {ENCODED_LEN}",
                 bytes.len()
+            )));
+        }
+        if bytes.len() / ENCODED_LEN > max_len(max_cpus) / ENCODED_LEN {
+            return Err(InjectError::Stream(format!(
+                "{} injections, more than {MAX_PER_VCPU} for each of {max_cpus} vCPUs",
+                bytes.len() / ENCODED_LEN
             )));
         }
         let mut s = Schedule::default();
@@ -323,11 +358,9 @@ impl Schedule {
                     max_cpus,
                 });
             }
+            inj.check_amounts()?;
             match u32_at(4) {
-                0 => {
-                    let at = s.pending.partition_point(|p| p.at_ns <= inj.at_ns);
-                    s.pending.insert(at, inj);
-                }
+                0 => s.pending.push(inj),
                 1 if inj.window_ns != 0 => s.active.push(inj),
                 other => {
                     return Err(InjectError::Stream(format!(
@@ -337,8 +370,68 @@ impl Schedule {
                 }
             }
         }
+        // By start time, in the order of the stream at one instant: what a
+        // sequence of `add`s makes (a stable sort).
+        s.pending.sort_by_key(|p| p.at_ns);
+        check_windows(s.pending.iter().chain(&s.active))?;
         Ok(s)
     }
+}
+
+/// Whether `a` and `b` (one vCPU's) overlap: half-open windows [at, end); a
+/// zero window is the instant `at`, which may touch but not fall inside
+/// another window.
+fn overlap(a: &Injection, b: &Injection) -> bool {
+    if a.window_ns == 0 || b.window_ns == 0 {
+        (a.at_ns < b.at_ns && b.at_ns < a.end_ns()) || (b.at_ns < a.at_ns && a.at_ns < b.end_ns())
+    } else {
+        a.at_ns < b.end_ns() && b.at_ns < a.end_ns()
+    }
+}
+
+/// `injs` as [`Schedule::add`] would take them one by one: at most
+/// [`MAX_PER_VCPU`] per vCPU, no two of a vCPU's overlapping. Sorted by
+/// (vCPU, start), non-empty windows that do not overlap their predecessor
+/// are disjoint, and an instant overlaps only the last window starting
+/// before it.
+fn check_windows<'a>(injs: impl Iterator<Item = &'a Injection>) -> Result<(), InjectError> {
+    let mut all: Vec<&Injection> = injs.collect();
+    all.sort_by_key(|i| (i.cpu, i.at_ns));
+    let refuse = |i: &Injection| InjectError::Overlap {
+        cpu: i.cpu,
+        at_ns: i.at_ns,
+        end_ns: i.end_ns(),
+    };
+    for one in all.chunk_by(|a, b| a.cpu == b.cpu) {
+        if one.len() > MAX_PER_VCPU {
+            return Err(InjectError::TooMany { cpu: one[0].cpu });
+        }
+        let windows: Vec<&Injection> = one.iter().copied().filter(|i| i.window_ns != 0).collect();
+        if let Some(w) = windows.windows(2).find(|w| overlap(w[0], w[1])) {
+            return Err(refuse(w[1]));
+        }
+        for i in one.iter().filter(|i| i.window_ns == 0) {
+            let before = windows.partition_point(|w| w.at_ns < i.at_ns);
+            if before > 0 && overlap(windows[before - 1], i) {
+                return Err(refuse(i));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The longest steal or window one injection may ask for: one day of VM
+/// time (`-accel`, QMP and a stream alike).
+pub const MAX_AMOUNT_NS: u64 = 86_400 * 1_000_000_000;
+
+/// At most this many injections of one vCPU not done yet: `add` refuses
+/// more, and a stream bringing more is refused.
+pub const MAX_PER_VCPU: usize = 1024;
+
+/// The longest schedule a machine of `max_cpus` vCPUs can carry, in bytes
+/// ([`Schedule::encode`]).
+pub fn max_len(max_cpus: u32) -> usize {
+    max_cpus as usize * MAX_PER_VCPU * ENCODED_LEN
 }
 
 /// Bytes per injection in [`Schedule::encode`].
@@ -500,5 +593,141 @@ mod tests {
             ]
         );
         assert_eq!(s.next_deadline(), Some(40));
+    }
+
+    #[test]
+    fn steal_and_windows_beyond_a_day_are_refused() {
+        let mut s = Schedule::default();
+        s.add(inj(0, 0, MAX_AMOUNT_NS, MAX_AMOUNT_NS), 1, 0)
+            .unwrap();
+        for bad in [
+            inj(0, 1 << 60, MAX_AMOUNT_NS + 1, 0),
+            inj(0, 1 << 60, 0, u64::MAX),
+        ] {
+            assert!(
+                matches!(s.add(bad, 1, 0), Err(InjectError::TooLong { .. })),
+                "{bad:?}"
+            );
+        }
+        let mut bytes = s.encode();
+        bytes[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            Schedule::decode(&bytes, 1),
+            Err(InjectError::TooLong {
+                what: "steal",
+                ns: u64::MAX
+            })
+        );
+    }
+
+    #[test]
+    fn add_refuses_more_than_max_per_vcpu() {
+        let mut s = Schedule::default();
+        for k in 0..MAX_PER_VCPU as u64 {
+            s.add(inj(0, k * 10, 1, 5), 2, 0).unwrap();
+        }
+        assert_eq!(
+            s.add(inj(0, 1 << 40, 1, 0), 2, 0),
+            Err(InjectError::TooMany { cpu: 0 })
+        );
+        s.add(inj(1, 0, 1, 0), 2, 0).unwrap();
+        let bytes = s.encode();
+        assert_eq!(Schedule::decode(&bytes, 2).as_ref(), Ok(&s));
+        let mut more = bytes.clone();
+        more.extend_from_slice(&bytes[..ENCODED_LEN]);
+        more[bytes.len() + 8] = 0xff; // at: a free instant of vCPU 0's
+        assert_eq!(
+            Schedule::decode(&more, 2),
+            Err(InjectError::TooMany { cpu: 0 })
+        );
+        assert!(matches!(
+            Schedule::decode(&vec![0; max_len(1) + ENCODED_LEN], 1),
+            Err(InjectError::Stream(_))
+        ));
+    }
+
+    fn record(cpu: u32, state: u32, at: u64, steal: u64, window: u64) -> Vec<u8> {
+        let mut b = Vec::with_capacity(ENCODED_LEN);
+        b.extend_from_slice(&cpu.to_le_bytes());
+        b.extend_from_slice(&state.to_le_bytes());
+        for v in [at, steal, window] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn a_stream_with_overlapping_windows_of_one_vcpu_is_refused() {
+        let ok = [
+            record(0, 1, 10, 1, 10),
+            record(0, 0, 20, 1, 5),
+            record(1, 0, 12, 1, 0),
+        ];
+        assert!(Schedule::decode(&ok.concat(), 2).is_ok());
+        for clash in [
+            record(0, 0, 15, 1, 1),
+            record(0, 0, 15, 1, 0),
+            record(0, 0, 5, 1, 6),
+            record(0, 0, 10, 1, 10),
+        ] {
+            let mut bytes = ok.concat();
+            bytes.extend_from_slice(&clash);
+            assert!(
+                matches!(
+                    Schedule::decode(&bytes, 2),
+                    Err(InjectError::Overlap { cpu: 0, .. })
+                ),
+                "{clash:?}"
+            );
+        }
+    }
+
+    use proptest::prelude::*;
+
+    /// Records of few vCPUs and small times, so that clashes are common.
+    fn records() -> impl Strategy<Value = Vec<(u32, u32, u64, u64, u64)>> {
+        proptest::collection::vec((0u32..3, 0u32..3, 0u64..40, 0u64..3, 0u64..8), 0..12)
+    }
+
+    proptest! {
+        /// Any bytes: refused or taken, never a panic; what is taken travels
+        /// unchanged.
+        #[test]
+        fn decode_takes_any_bytes_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..200), cpus in 1u32..4) {
+            if let Ok(s) = Schedule::decode(&bytes, cpus) {
+                prop_assert_eq!(Schedule::decode(&s.encode(), cpus), Ok(s));
+            }
+        }
+
+        /// decode takes a stream exactly when `add`, one record after
+        /// another (no start is past), takes its records, and in the order
+        /// `add` leaves them.
+        #[test]
+        fn decode_checks_as_add_does(recs in records()) {
+            let bytes: Vec<u8> = recs.iter().flat_map(|&(c, st, a, l, w)| record(c, st, a, l, w)).collect();
+            let mut naive = Schedule::default();
+            let mut naive_ok = true;
+            for &(cpu, state, at, steal, window) in &recs {
+                if state > 1 || (state == 1 && window == 0) || cpu >= 2 {
+                    naive_ok = false;
+                    break;
+                }
+                if naive.add(inj(cpu, at, steal, window), 2, 0).is_err() {
+                    naive_ok = false;
+                    break;
+                }
+            }
+            let decoded = Schedule::decode(&bytes, 2);
+            prop_assert_eq!(decoded.is_ok(), naive_ok, "{:?}", decoded);
+            if let Ok(d) = decoded {
+                let pending: Vec<Injection> = naive
+                    .pending
+                    .iter()
+                    .filter(|p| !d.active.contains(p))
+                    .copied()
+                    .collect();
+                prop_assert_eq!(&d.pending, &pending);
+            }
+        }
     }
 }

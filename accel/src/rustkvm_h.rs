@@ -18,6 +18,8 @@ pub const RUSTKVM_EREFUSED_VCPU: i32 = -9;
 pub const RUSTKVM_MAX_VCPUS: u32 = 4096;
 pub const RUSTKVM_RESET_COLD: u32 = 0;
 pub const RUSTKVM_RESET_INIT: u32 = 1;
+pub const RUSTKVM_INJECT_RECORD_LEN: u32 = 32;
+pub const RUSTKVM_INJECT_MAX_PER_VCPU: u32 = 1024;
 pub const RUSTKVM_X86_TSC_LEAVES_MIN_LEVEL: u32 = 22;
 pub const RUSTKVM_X86_CPUID_DEFAULTS_NONE: u32 = 0;
 pub const RUSTKVM_X86_CPUID_DEFAULTS_1: u32 = 1;
@@ -108,10 +110,12 @@ pub struct RustkvmHostOps {
     #[doc = " x86: the guest-physical address vCPU `cpu_index`'s paging maps\n `linear` to now, or -1 if none (a debug walk: no fault, no A/D bits).\n On that vCPU's thread."]
     pub x86_linear_to_gpa:
         ::core::option::Option<unsafe extern "C" fn(cpu_index: u32, linear: u64) -> i64>,
+    #[doc = " Whether the calling thread holds the BQL (bql_locked()): debug builds\n of the library assert the callbacks' lock rules above with it. Any\n thread."]
+    pub bql_locked: ::core::option::Option<unsafe extern "C" fn() -> bool>,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 96usize];
+    ["Size of RustkvmHostOps"][::core::mem::size_of::<RustkvmHostOps>() - 104usize];
     ["Alignment of RustkvmHostOps"][::core::mem::align_of::<RustkvmHostOps>() - 8usize];
     ["Offset of field: RustkvmHostOps::ram_read"]
         [::core::mem::offset_of!(RustkvmHostOps, ram_read) - 0usize];
@@ -137,6 +141,8 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmHostOps, wake_vcpu) - 80usize];
     ["Offset of field: RustkvmHostOps::x86_linear_to_gpa"]
         [::core::mem::offset_of!(RustkvmHostOps, x86_linear_to_gpa) - 88usize];
+    ["Offset of field: RustkvmHostOps::bql_locked"]
+        [::core::mem::offset_of!(RustkvmHostOps, bql_locked) - 96usize];
 };
 #[doc = " Machine-wide options, from -accel rustkvm,... properties."]
 #[repr(C)]
@@ -161,7 +167,7 @@ pub struct RustkvmConfig {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 128usize];
+    ["Size of RustkvmConfig"][::core::mem::size_of::<RustkvmConfig>() - 136usize];
     ["Alignment of RustkvmConfig"][::core::mem::align_of::<RustkvmConfig>() - 8usize];
     ["Offset of field: RustkvmConfig::arch"][::core::mem::offset_of!(RustkvmConfig, arch) - 0usize];
     ["Offset of field: RustkvmConfig::max_cpus"]

@@ -73,12 +73,16 @@ impl StealClock {
         match threading {
             Threading::Mttcg => {
                 if self.last_run_delay_ns != 0 {
-                    self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+                    self.pending_ns = self
+                        .pending_ns
+                        .saturating_add(run_delay_ns.saturating_sub(self.last_run_delay_ns));
                 }
             }
             Threading::RoundRobin { .. } => {
                 if self.runnable_since_ns != 0 {
-                    self.pending_ns += now_ns.saturating_sub(self.runnable_since_ns);
+                    self.pending_ns = self
+                        .pending_ns
+                        .saturating_add(now_ns.saturating_sub(self.runnable_since_ns));
                 }
             }
         }
@@ -101,7 +105,9 @@ impl StealClock {
             return false;
         };
         // The shared thread's own host preemption during this turn.
-        self.pending_ns += run_delay_ns.saturating_sub(self.last_run_delay_ns);
+        self.pending_ns = self
+            .pending_ns
+            .saturating_add(run_delay_ns.saturating_sub(self.last_run_delay_ns));
         self.last_run_delay_ns = run_delay_ns;
         if !halted && peers {
             self.runnable_since_ns = now_ns.max(1);
@@ -117,7 +123,9 @@ impl StealClock {
         if self.last_run_delay_ns == 0 || run_delay_ns <= self.last_run_delay_ns {
             return false;
         }
-        self.pending_ns += run_delay_ns - self.last_run_delay_ns;
+        self.pending_ns = self
+            .pending_ns
+            .saturating_add(run_delay_ns - self.last_run_delay_ns);
         self.last_run_delay_ns = run_delay_ns;
         true
     }
@@ -190,6 +198,23 @@ pub trait StealArea {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 46: steal collected on top of an injected amount near 2^64
+    /// (QMP `steal-ns`) saturates instead of overflowing, on every path.
+    #[test]
+    fn steal_collected_on_top_of_a_huge_injection_saturates() {
+        let rr = Threading::RoundRobin { peers: true };
+        let mut c = StealClock::default();
+        c.enter(Threading::Mttcg, 10, 1_000);
+        c.pending_ns = u64::MAX - 1;
+        c.enter(Threading::Mttcg, 2_000_000, 2_000);
+        assert!(c.sample(3_000));
+        assert_eq!(c.take(), u64::MAX);
+        c.pending_ns = u64::MAX - 1;
+        c.exit(rr, 10, 5_000, false);
+        c.enter(rr, 100, 5_000);
+        assert_eq!(c.take(), u64::MAX);
+    }
 
     #[test]
     fn mttcg_counts_run_delay_growth_after_the_first_entry() {

@@ -156,7 +156,40 @@ pub fn move_midway_with_args(
         variant,
         (accel_opts, qemu_args),
         (src, dst),
-        how,
+        (how, None),
+        &dir,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// A rewrite of a migration stream on its way to the destination.
+pub type StreamEdit = dyn Fn(&mut Vec<u8>);
+
+/// [`move_midway_with_args`] from `ours` to `ours` by live migration, with
+/// the stream rewritten by `mutate` on its way: a hostile or corrupted
+/// stream, which the destination must refuse with an error, not a crash.
+pub fn move_midway_mutated(
+    test: &GuestTest,
+    arch: Arch,
+    accel_opts: &[String],
+    qemu_args: &[String],
+    ours: &Endpoint,
+    mutate: &StreamEdit,
+) -> Result<Resumed, HarnessError> {
+    let dir = std::env::temp_dir().join(format!(
+        "rustkvm-move-{}-{}-mutated",
+        std::process::id(),
+        test.name
+    ));
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let result = move_in(
+        test,
+        arch,
+        Variant::Default,
+        (accel_opts, qemu_args),
+        (ours, ours),
+        (Transfer::Live, Some(mutate)),
         &dir,
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -169,7 +202,7 @@ fn move_in(
     variant: Variant,
     (accel_opts, qemu_args): (&[String], &[String]),
     (src, dst): (&Endpoint, &Endpoint),
-    how: Transfer,
+    (how, mutate): (Transfer, Option<&StreamEdit>),
     dir: &Path,
 ) -> Result<Resumed, HarnessError> {
     let (sock_path, dst_sock_path, state, disk) = (
@@ -267,6 +300,12 @@ fn move_in(
     let before = source_out.finish();
     if out.contains("rror") {
         return Err(HarnessError::Usage(format!("moving {}: {out}", test.name)));
+    }
+    if let Some(mutate) = mutate {
+        let mut bytes =
+            std::fs::read(&state).map_err(io(format!("reading {}", state.display())))?;
+        mutate(&mut bytes);
+        std::fs::write(&state, bytes).map_err(io(format!("writing {}", state.display())))?;
     }
 
     // Destination: resume and let the guest finish its checks.

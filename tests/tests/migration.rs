@@ -175,6 +175,89 @@ fn injected_steal_is_done_once_across_a_move() {
     }
 }
 
+/// Where `rustkvm/inject`'s length field is in a stream: after the
+/// subsection's marker (QEMU_VM_SUBSECTION, the name's length and the name)
+/// and its version (be32). The records follow the length (be32).
+fn inject_len_at(stream: &[u8]) -> usize {
+    let name = b"\x05\x0erustkvm/inject";
+    let at = stream
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the stream has rustkvm/inject");
+    at + name.len() + 4
+}
+
+/// A hostile `rustkvm/inject` subsection is refused by the destination with
+/// a clear error and exit status 1 (issue 46): a length beyond the machine's
+/// bound (before QEMU allocates it) or not of whole records, a vCPU the
+/// machine does not have, a bad state, two overlapping windows of one vCPU,
+/// and a length that runs into the sections after it. The schedule left at
+/// the move: vCPU 0's windows at 100 s and 200 s (32-byte records: cpu,
+/// state, at, steal, window). (Broken on purpose: without the
+/// VMSTATE_VALIDATE the 0xffffffe0 length made QEMU allocate 4 GiB; with
+/// decode's window check removed, the overlap loaded and the guest ran.)
+#[test]
+fn a_hostile_inject_stream_is_refused_with_a_clear_error() {
+    let t = find_test("x86-steal-inject-migrate");
+    let ours = Endpoint::ours(Arch::X86_64, Backend::Rustkvm).expect("built");
+    let accel = ["inject-steal=0:10ms:1ms/0:100s:3ms:2ms/0:200s:1ms:1ms".to_string()];
+    let icount = ["-icount".to_string(), "shift=0,sleep=off".to_string()];
+    let set_len = |v: u32| {
+        move |b: &mut Vec<u8>| {
+            let at = inject_len_at(b);
+            b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        }
+    };
+    // Record r's field at `off` (cpu 0, state 4, at 8, window 24).
+    let set_field = |r: usize, off: usize, v: &'static [u8]| {
+        move |b: &mut Vec<u8>| {
+            let at = inject_len_at(b) + 4 + 32 * r + off;
+            b[at..at + v.len()].copy_from_slice(v);
+        }
+    };
+    // 1 ms into vCPU 0's 2 ms window at 100 s.
+    const OVERLAP_AT: [u8; 8] = 100_001_000_000u64.to_le_bytes();
+    let cases: Vec<(&str, Box<migrate::StreamEdit>, &str)> = vec![
+        (
+            "a 4 GiB length",
+            Box::new(set_len(0xffff_ffe0)),
+            "Input validation failed: rustkvm/inject",
+        ),
+        (
+            "a length of no whole records",
+            Box::new(set_len(33)),
+            "Input validation failed: rustkvm/inject",
+        ),
+        ("a length into the next section", Box::new(set_len(96)), ""),
+        (
+            "vCPU 99",
+            Box::new(set_field(0, 0, &[99, 0, 0, 0])),
+            "vCPU 99 does not exist",
+        ),
+        (
+            "state 7",
+            Box::new(set_field(1, 4, &[7, 0, 0, 0])),
+            "injection state 7",
+        ),
+        (
+            "overlapping windows",
+            Box::new(set_field(1, 8, &OVERLAP_AT)),
+            "overlaps another of its windows",
+        ),
+    ];
+    for (what, mutate, want) in &cases {
+        let r =
+            migrate::move_midway_mutated(&t, Arch::X86_64, &accel, &icount, &ours, mutate.as_ref())
+                .expect("moved");
+        assert!(
+            r.code == Some(1) && r.outcome.stderr.contains(want),
+            "{what}: exit {:?}, want 1 and {want:?} in:\n{}",
+            r.code,
+            r.outcome.stderr
+        );
+    }
+}
+
 #[test]
 fn the_arm64_counter_offset_survives_savevm_and_live_migration() {
     // 2^63: the guest's counters run near 2^63 (KVM's VM-wide offset, the

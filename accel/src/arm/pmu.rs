@@ -464,7 +464,9 @@ impl Pmu {
         let wraps = if ovf == 64 {
             u64::from(value.checked_add(delta).is_none())
         } else {
-            ((value & 0xffff_ffff) + delta) >> 32
+            // Carries out of bit 31 of value + delta, without overflowing
+            // when delta is near 2^64 (totals below the synced base).
+            (delta >> 32) + (((value & 0xffff_ffff) + (delta & 0xffff_ffff)) >> 32)
         };
         let mut v = value.wrapping_add(delta);
         if width == 32 {
@@ -850,6 +852,33 @@ mod tests {
         p.write(PmuReg::IntenClr, u64::MAX, 1, &e).unwrap();
         p.write(PmuReg::OvsClr, u64::MAX, 1, &e).unwrap();
         p
+    }
+
+    /// Issue 46: a 32-bit overflow count of value + delta for any delta,
+    /// up to 2^64 - 1 (totals that fell below the synced base), as the sum
+    /// in 128 bits counts it.
+    #[test]
+    fn adding_any_delta_counts_its_32_bit_overflows_without_overflowing() {
+        let p = pmu();
+        let edges = [
+            0,
+            1,
+            0x7fff_ffff,
+            0xffff_ffff,
+            1 << 32,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for value in edges {
+            for delta in edges {
+                let (v, wraps) = p.add(0, value, delta);
+                let sum = u128::from(value & 0xffff_ffff) + u128::from(delta);
+                assert_eq!(u128::from(wraps), sum >> 32, "{value:#x} + {delta:#x}");
+                let width = p.width_and_overflow(0).0;
+                let mask = if width == 64 { u64::MAX } else { 0xffff_ffff };
+                assert_eq!(v, value.wrapping_add(delta) & mask);
+            }
+        }
     }
 
     #[test]
