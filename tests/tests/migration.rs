@@ -194,7 +194,8 @@ fn inject_len_at(stream: &[u8]) -> usize {
 /// and a length that runs into the sections after it. The schedule left at
 /// the move: vCPU 0's windows at 100 s and 200 s (32-byte records: cpu,
 /// state, at, steal, window). (Broken on purpose: without the
-/// VMSTATE_VALIDATE the 0xffffffe0 length made QEMU allocate 4 GiB; with
+/// VMSTATE_VALIDATE the 0xffffffe0 length aborted QEMU in g_malloc, "GLib:
+/// failed to allocate 18446744073709551584 bytes" (sign-extended); with
 /// decode's window check removed, the overlap loaded and the guest ran.)
 #[test]
 fn a_hostile_inject_stream_is_refused_with_a_clear_error() {
