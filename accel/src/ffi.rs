@@ -130,7 +130,8 @@ pub unsafe extern "C" fn rustkvm_machine_init(config: *const RustkvmConfig) -> i
 /// | callback | thread | locks |
 /// |---|---|---|
 /// | `ram_read`, `ram_write`, `ram_store`, `ram_xchg8` | an RCU-registered one: a vCPU thread, or ours after `thread_attach` | none needed (they take the RCU read lock; RAM only, never MMIO, so no BQL); may be called under a vCPU lock |
-/// | `send_ipi`, `tsc_deadline_changed` | any | take the BQL themselves: called under no vCPU lock (the BQL is above every lock of ours) |
+/// | `send_ipi` | any | takes the BQL itself: called under no vCPU lock (the BQL is above every lock of ours) |
+/// | `tsc_deadline_changed` | that vCPU's thread (it looks the CPU up before taking the BQL) | as `send_ipi` |
 /// | `clock_ns` | any | none |
 /// | `inject_timer`, `wake_vcpu` | any | the BQL held, no vCPU lock ([`HostMemory::assert_bql`]) |
 /// | `thread_attach`, `thread_detach` | the thread of ours it (un)registers | none |
@@ -1505,6 +1506,7 @@ mod tests {
     /// debug builds, where QEMU says; without `bql_locked` nothing is
     /// asserted.
     #[test]
+    #[cfg(debug_assertions)]
     fn the_bql_rule_is_asserted_where_qemu_can_tell() {
         let ops = |bql_locked| header::RustkvmHostOps {
             ram_read: None,

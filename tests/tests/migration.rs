@@ -191,7 +191,8 @@ fn inject_len_at(stream: &[u8]) -> usize {
 /// a clear error and exit status 1 (issue 46): a length beyond the machine's
 /// bound (before QEMU allocates it) or not of whole records, a vCPU the
 /// machine does not have, a bad state, two overlapping windows of one vCPU,
-/// and a length that runs into the sections after it. The schedule left at
+/// and a length that runs into the section's footer (0x7e, then the
+/// section id: read as a record's vCPU 126). The schedule left at
 /// the move: vCPU 0's windows at 100 s and 200 s (32-byte records: cpu,
 /// state, at, steal, window). (Broken on purpose: without the
 /// VMSTATE_VALIDATE the 0xffffffe0 length aborted QEMU in g_malloc, "GLib:
@@ -229,7 +230,11 @@ fn a_hostile_inject_stream_is_refused_with_a_clear_error() {
             Box::new(set_len(33)),
             "Input validation failed: rustkvm/inject",
         ),
-        ("a length into the next section", Box::new(set_len(96)), ""),
+        (
+            "a length into the next section",
+            Box::new(set_len(96)),
+            "vCPU 126 does not exist",
+        ),
         (
             "vCPU 99",
             Box::new(set_field(0, 0, &[99, 0, 0, 0])),
