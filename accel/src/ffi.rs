@@ -1493,6 +1493,25 @@ mod tests {
     use std::ffi::CStr;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    /// No host service at all: each test sets the ones it needs.
+    fn no_ops() -> header::RustkvmHostOps {
+        header::RustkvmHostOps {
+            ram_read: None,
+            ram_write: None,
+            ram_store: None,
+            ram_xchg8: None,
+            thread_attach: None,
+            thread_detach: None,
+            send_ipi: None,
+            clock_ns: None,
+            tsc_deadline_changed: None,
+            inject_timer: None,
+            wake_vcpu: None,
+            x86_linear_to_gpa: None,
+            bql_locked: None,
+        }
+    }
+
     static BQL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     static TIMER_CALLS: AtomicU64 = AtomicU64::new(0);
     extern "C" fn fake_bql_locked() -> bool {
@@ -1509,19 +1528,9 @@ mod tests {
     #[cfg(debug_assertions)]
     fn the_bql_rule_is_asserted_where_qemu_can_tell() {
         let ops = |bql_locked| header::RustkvmHostOps {
-            ram_read: None,
-            ram_write: None,
-            ram_store: None,
-            ram_xchg8: None,
-            thread_attach: None,
-            thread_detach: None,
-            send_ipi: None,
-            clock_ns: None,
-            tsc_deadline_changed: None,
             inject_timer: Some(fake_inject_timer),
-            wake_vcpu: None,
-            x86_linear_to_gpa: None,
             bql_locked,
+            ..no_ops()
         };
         HostMemory(ops(None)).inject_timer(Some(1));
         BQL.store(true, Ordering::SeqCst);
@@ -1622,21 +1631,7 @@ mod tests {
                 rustkvm_machine_init(std::ptr::null()),
                 header::RUSTKVM_EINVAL_CPUS
             );
-            let no_ops = header::RustkvmHostOps {
-                ram_read: None,
-                ram_write: None,
-                ram_store: None,
-                ram_xchg8: None,
-                thread_attach: None,
-                thread_detach: None,
-                send_ipi: None,
-                clock_ns: None,
-                tsc_deadline_changed: None,
-                inject_timer: None,
-                wake_vcpu: None,
-                x86_linear_to_gpa: None,
-                bql_locked: None,
-            };
+            let no_ops = no_ops();
             let bad_arch = RustkvmConfig {
                 arch: 9,
                 max_cpus: 1,

@@ -43,10 +43,17 @@ impl Injection {
         }
     }
 
-    /// Refused if its steal or window is longer than [`MAX_AMOUNT_NS`]
-    /// (so that the steal a guest sees, and VM time plus a window, stay far
-    /// from 2^64).
-    fn check_amounts(&self) -> Result<(), InjectError> {
+    /// Refused if its vCPU is not one of `max_cpus`, or its steal or window
+    /// is longer than [`MAX_AMOUNT_NS`] (so that the steal a guest sees,
+    /// and VM time plus a window, stay far from 2^64): what `add` and a
+    /// stream's decode both check of one injection.
+    fn check(&self, max_cpus: u32) -> Result<(), InjectError> {
+        if self.cpu >= max_cpus {
+            return Err(InjectError::NoSuchCpu {
+                cpu: self.cpu,
+                max_cpus,
+            });
+        }
         for (what, ns) in [("steal", self.steal_ns), ("window", self.window_ns)] {
             if ns > MAX_AMOUNT_NS {
                 return Err(InjectError::TooLong { what, ns });
@@ -197,19 +204,13 @@ impl Schedule {
     /// Add `inj`, checked against `max_cpus` and VM time `now_ns`: a start in
     /// the past or a window overlapping another of the same vCPU's is refused.
     pub fn add(&mut self, inj: Injection, max_cpus: u32, now_ns: u64) -> Result<(), InjectError> {
-        if inj.cpu >= max_cpus {
-            return Err(InjectError::NoSuchCpu {
-                cpu: inj.cpu,
-                max_cpus,
-            });
-        }
+        inj.check(max_cpus)?;
         if inj.at_ns < now_ns {
             return Err(InjectError::Past {
                 at_ns: inj.at_ns,
                 now_ns,
             });
         }
-        inj.check_amounts()?;
         let mine = || {
             self.pending
                 .iter()
@@ -352,13 +353,7 @@ impl Schedule {
                 steal_ns: u64_at(16),
                 window_ns: u64_at(24),
             };
-            if inj.cpu >= max_cpus {
-                return Err(InjectError::NoSuchCpu {
-                    cpu: inj.cpu,
-                    max_cpus,
-                });
-            }
-            inj.check_amounts()?;
+            inj.check(max_cpus)?;
             match u32_at(4) {
                 0 => s.pending.push(inj),
                 1 if inj.window_ns != 0 => s.active.push(inj),
