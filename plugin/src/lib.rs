@@ -14,6 +14,7 @@ pub mod classify;
 pub mod hot;
 mod qemu;
 pub mod report;
+pub mod resets;
 pub mod trace;
 
 /// QEMU plugin API version this plugin speaks (QEMU 10.0 speaks version 4).

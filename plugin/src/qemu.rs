@@ -22,6 +22,7 @@ use crate::blocks::{bb_line, drcov, BlockTable};
 use crate::classify::{groups_of, Arch, Class, Classifier, InsnInfo};
 use crate::hot::{BlockInfo, BlockKey, HotTable};
 use crate::report::{Interval, Report, VcpuCounts};
+use crate::resets::{Reason, Resets};
 
 /// The plugin API version QEMU checks before calling `qemu_plugin_install`.
 #[unsafe(no_mangle)]
@@ -39,6 +40,8 @@ struct Plugin {
     config: Config,
     arch: Arch,
     target: String,
+    /// System emulation (else user mode): how `limit=` stops QEMU.
+    system: bool,
     /// One `VcpuCounts` per vCPU.
     score: *mut sys::qemu_plugin_scoreboard,
     /// `hot=`: one scoreboard (a `u64` per vCPU) per distinct block.
@@ -173,6 +176,36 @@ static TRACE_DONE_VCPUS: std::sync::atomic::AtomicU32 = std::sync::atomic::Atomi
 /// The first vCPU that reached `limit=`.
 static LIMIT_VCPU: OnceLock<c_uint> = OnceLock::new();
 
+/// The plugin's `qemu_plugin_reset` requests (crate::resets).
+static RESETS: Mutex<Resets> = Mutex::new(Resets::new());
+
+/// Ask QEMU for a reset for `why`, unless one of ours is pending (its
+/// callback, [`on_reset`], serves `why` too). Called from vCPU callbacks,
+/// as the API allows.
+fn request_reset(p: &Plugin, why: Reason) {
+    if RESETS.lock().is_ok_and(|mut r| r.request(why)) {
+        // SAFETY: our own id, from a vCPU callback.
+        unsafe { sys::qemu_plugin_reset(p.id, Some(on_reset)) };
+    }
+}
+
+/// QEMU's reset callback: every vCPU is held out of guest code, the code
+/// cache is flushed and our callbacks are gone. Serve every reason asked
+/// for: `limit=` stops the run; `trace=`'s end registers the callbacks
+/// again (the scoreboards and tables are ours and go on; translation now
+/// plants no trace callbacks).
+unsafe extern "C" fn on_reset(id: sys::qemu_plugin_id_t) {
+    let Some(p) = PLUGIN.get() else { return };
+    let wanted = RESETS.lock().map(|mut r| r.run()).unwrap_or_default();
+    if let Some(vcpu) = wanted.limit {
+        // The callbacks stay unregistered: the vCPUs run on uncounted
+        // until QEMU stops them.
+        stop_at_limit(p, vcpu);
+    } else if wanted.trace_done {
+        register_callbacks(id);
+    }
+}
+
 thread_local! {
     static CLASSIFIER: RefCell<Option<Classifier>> = const { RefCell::new(None) };
 }
@@ -227,6 +260,8 @@ unsafe fn install(
             .map(|t| t.to_string_lossy().into_owned())
             .unwrap_or_default()
     };
+    // SAFETY: as above.
+    let system = unsafe { info.as_ref().is_some_and(|i| i.system_emulation) };
     let arch = Arch::from_target(&target).ok_or_else(|| {
         format!("rustkvm plugin: target '{target}' is not supported (x86_64, i386, aarch64)")
     })?;
@@ -256,6 +291,7 @@ unsafe fn install(
         config,
         arch,
         target,
+        system,
         score,
         hot: Mutex::new(HotTable::new()),
         intervals: Mutex::new(Vec::new()),
@@ -688,8 +724,7 @@ unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
         // SAFETY: plain plugin API call.
         let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(1) as u32;
         if done >= vcpus && !TRACE_DONE.swap(true, Ordering::SeqCst) {
-            // SAFETY: our own id, from a vCPU callback, as the API allows.
-            unsafe { sys::qemu_plugin_reset(p.id, Some(trace_finished)) };
+            request_reset(p, Reason::TraceDone);
         }
         return;
     }
@@ -701,14 +736,6 @@ unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
             t.send(chunk);
         }
     }
-}
-
-/// QEMU's reset callback after every vCPU passed its trace window: the code
-/// cache is flushed and our callbacks are gone; register them again (the
-/// scoreboards and tables are ours and go on; translation now plants no
-/// trace callbacks).
-unsafe extern "C" fn trace_finished(id: sys::qemu_plugin_id_t) {
-    register_callbacks(id);
 }
 
 /// `trace-mem=on`: a memory access of a traced instruction.
@@ -841,9 +868,9 @@ fn read_counts(p: &Plugin, i: c_uint) -> VcpuCounts {
     }
 }
 
-/// `limit=` reached on `vcpu` (at a block start): ask QEMU to stop every
-/// vCPU and call [`stop_at_limit`], which writes the report and exits with
-/// [`crate::LIMIT_EXIT_STATUS`].
+/// `limit=` reached on `vcpu` (at a block start): ask QEMU to hold every
+/// vCPU and call [`on_reset`], which writes the report in that state and
+/// stops QEMU ([`stop_at_limit`]).
 ///
 /// Why not `exit` here (what the plugin once did): this runs on one vCPU
 /// thread while the others keep executing translated code, and `exit` runs
@@ -864,39 +891,89 @@ fn read_counts(p: &Plugin, i: c_uint) -> VcpuCounts {
 /// `cpu_exec_start` holds any vCPU back until `end_exclusive`.
 /// `plugin_flush_destroy` flushes the code cache, unregisters all of this
 /// plugin's callbacks (its exit callback too) and calls our callback, still
-/// in that exclusive section. [`stop_at_limit`] never returns, so
-/// `end_exclusive` never comes: no vCPU runs guest code again, and `exit`'s
-/// handlers (other plugins' exit callbacks, QEMU's terminal restore) run
-/// with every vCPU held. A second vCPU reaching the limit before that is
-/// ignored (`plugin_reset_uninstall` returns early while a reset is
-/// pending, and we only ask once).
+/// in that exclusive section. A second vCPU reaching the limit before that
+/// is served by the same reset ([`request_reset`]), as is `trace=`'s end
+/// when it is pending already.
 unsafe extern "C" fn on_limit(vcpu: c_uint, _data: *mut c_void) {
     let Some(p) = PLUGIN.get() else { return };
     if LIMIT_VCPU.set(vcpu).is_err() {
         return;
     }
     eprintln!(
-        "rustkvm plugin: vCPU {vcpu} reached limit={} instructions: stopping (exit status {})",
+        "rustkvm plugin: vCPU {vcpu} reached limit={} instructions: stopping QEMU (exit status {})",
         p.config.limit,
         crate::LIMIT_EXIT_STATUS
     );
-    // SAFETY: our own id; called from a vCPU callback, as the API allows.
-    unsafe { sys::qemu_plugin_reset(p.id, Some(stop_at_limit)) };
+    request_reset(p, Reason::Limit(vcpu));
 }
 
-/// QEMU's reset callback after `limit=`: every vCPU is held out of guest
-/// code (see [`on_limit`]); write the report and exit with
-/// [`crate::LIMIT_EXIT_STATUS`].
-unsafe extern "C" fn stop_at_limit(_id: sys::qemu_plugin_id_t) {
-    let Some(p) = PLUGIN.get() else { return };
+/// `limit=`'s stop, in the reset's exclusive section (every vCPU held, see
+/// [`on_limit`]): write the report, then stop QEMU.
+///
+/// System emulation: through QEMU's own shutdown, as a host `SIGTERM`
+/// does (`termsig_handler` → `qemu_system_killed`, os-posix.c and
+/// system/runstate.c): the main loop shuts the machine down, stops every
+/// vCPU and exits, and QEMU prints "terminating on signal 15 from pid" its
+/// own. Calling `exit` here instead would run the exit handlers on this
+/// thread while the main loop runs on (and may call `exit` itself: the C
+/// library gives no order to two `exit`s). The vCPUs leave the exclusive
+/// section when this returns and run on, uncounted (the reset removed every
+/// callback), until QEMU stops them. The exit status becomes
+/// [`crate::LIMIT_EXIT_STATUS`] at the very end ([`exit_with_limit_status`]).
+///
+/// User mode has no main loop, and a `SIGTERM` would be the guest's: the
+/// plugin exits here, with every vCPU held, as a guest's `exit_group` ends
+/// QEMU from its vCPU thread.
+fn stop_at_limit(p: &Plugin, vcpu: c_uint) {
     if REPORTED.swap(true, Ordering::SeqCst) {
         // The exit callback already ran: QEMU is exiting for another
         // reason (the guest's own exit); let that finish. Returning is
         // safe: a reset, unlike an uninstall, leaves the plugin loaded.
         return;
     }
-    write_report(p, build_report(p, LIMIT_VCPU.get().copied()));
-    std::process::exit(crate::LIMIT_EXIT_STATUS);
+    write_report(p, build_report(p, Some(vcpu)));
+    if !p.system {
+        std::process::exit(crate::LIMIT_EXIT_STATUS);
+    }
+    // SAFETY: our own id and an exit callback of this plugin; getpid and
+    // kill have no memory effects.
+    unsafe {
+        sys::qemu_plugin_register_atexit_cb(
+            p.id,
+            Some(exit_with_limit_status),
+            std::ptr::null_mut(),
+        );
+        libc::kill(libc::getpid(), libc::SIGTERM);
+    }
+}
+
+/// QEMU's exit callback after `limit=` stopped the run: QEMU has shut the
+/// machine down and `exit` runs its handlers. `exit`'s status is fixed by
+/// now; register [`limit_status`] with the C library, which runs a handler
+/// registered during `exit` next, after QEMU's `qemu_plugin_atexit_cb` has
+/// called every plugin's exit callback (glibc's `__run_exit_handlers`; the
+/// handlers registered before QEMU's own, from the C library and the
+/// sanitizers, are left out).
+unsafe extern "C" fn exit_with_limit_status(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
+    // SAFETY: `limit_status` is code of this plugin, which stays loaded to
+    // the end of the process (QEMU unloads a plugin only when it asks to
+    // be uninstalled, which this one never does).
+    if unsafe { libc::atexit(limit_status) } != 0 {
+        eprintln!(
+            "rustkvm plugin: cannot set exit status {} after limit=: QEMU's own status stands",
+            crate::LIMIT_EXIT_STATUS
+        );
+    }
+}
+
+/// End the process with [`crate::LIMIT_EXIT_STATUS`], the C library's
+/// streams flushed.
+extern "C" fn limit_status() {
+    // SAFETY: fflush(NULL) flushes every stream; _exit ends the process.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        libc::_exit(crate::LIMIT_EXIT_STATUS);
+    }
 }
 
 /// `interval=` crossed on `vcpu`: record its counters, restart the interval.

@@ -412,8 +412,8 @@ fn address_and_symbol_filters_count_only_what_they_select() {
 
 /// `limit=` on a guest whose two vCPUs are both inside the counted loop
 /// when the limit is reached (each finishes its warm-up call before either
-/// starts its long one; `symbol=` counts only the loop): QEMU exits with
-/// the plugin's own status, the report says which vCPU stopped it and where,
+/// starts its long one; `symbol=` counts only the loop): QEMU shuts down
+/// through its main loop and exits with the plugin's own status, the report says which vCPU stopped it and where,
 /// and the other plugins in the process (a copy of ours counting
 /// everything, QEMU's `insn`) still write theirs, read with every vCPU
 /// held: the two agree on every vCPU.
@@ -449,6 +449,13 @@ fn limit_stops_every_vcpu_writes_the_report_and_exits_with_its_own_status() {
             run.status,
             Some(LIMIT_EXIT_STATUS),
             "{label}: QEMU's exit status\n{}",
+            run.stderr
+        );
+        // QEMU's own shutdown stopped the machine (its main loop's report
+        // of the plugin's SIGTERM), not an `exit` from a vCPU thread.
+        assert!(
+            run.stderr.contains("terminating on signal 15 from pid"),
+            "{label}: QEMU did not shut down through its main loop\n{}",
             run.stderr
         );
         let r = json(&limited);
