@@ -87,6 +87,9 @@ pub struct Config {
     pub trace_count: u64,
     /// `trace-mem=on`: also each traced instruction's memory accesses.
     pub trace_mem: bool,
+    /// `trace-wait=SECONDS`: how long the trace waits for a writer that
+    /// makes no progress before it stops, truncated (None: `0`, for ever).
+    pub trace_wait: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -114,6 +117,7 @@ impl Default for Config {
             trace_start: 0,
             trace_count: 0,
             trace_mem: false,
+            trace_wait: Some(std::time::Duration::from_secs(30)),
         }
     }
 }
@@ -140,10 +144,12 @@ impl fmt::Display for ArgError {
 impl std::error::Error for ArgError {}
 
 const KEYS: &str =
-    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=, bbv=, drcov=, trace=, trace-start=, trace-count=, trace-mem=";
+    "mode=, counters=, hot=, outfile=, format=, quiet=, filter=, symbol=, limit=, interval=, timeline=, bbv=, drcov=, trace=, trace-start=, trace-count=, trace-mem=, trace-wait=";
 const TRACE: &str = "trace=PATH (a file the plugin can create: the executed-instruction trace)";
 const TRACE_WINDOW: &str =
     "trace-start=N and trace-count=M (instructions of each vCPU; with trace=)";
+const TRACE_WAIT: &str =
+    "trace-wait=SECONDS (0 to 3600, with trace=: how long the trace waits for a writer that makes no progress; 0: for ever)";
 const BBV: &str =
     "bbv=PATH (with interval=N: basic-block vectors per vCPU in PATH.N.bb, SimPoint's format)";
 const DRCOV: &str = "drcov=PATH (a file the plugin can create: executed blocks, drcov format)";
@@ -183,6 +189,7 @@ impl Config {
     pub fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<Config, ArgError> {
         let mut c = Config::default();
         let mut format_given = false;
+        let mut trace_wait_given = false;
         let mut counters_given = false;
         for arg in args {
             let bad = |accepted| ArgError {
@@ -289,6 +296,13 @@ impl Config {
                 "trace-start" => c.trace_start = number(value).ok_or_else(|| bad(TRACE_WINDOW))?,
                 "trace-count" => c.trace_count = number(value).ok_or_else(|| bad(TRACE_WINDOW))?,
                 "trace-mem" => c.trace_mem = boolean(value).ok_or_else(|| bad(BOOLS))?,
+                "trace-wait" => {
+                    let n = number(value)
+                        .filter(|n| *n <= 3600)
+                        .ok_or_else(|| bad(TRACE_WAIT))?;
+                    c.trace_wait = (n > 0).then(|| std::time::Duration::from_secs(n));
+                    trace_wait_given = true;
+                }
                 "drcov" => {
                     if value.is_empty() {
                         return Err(bad(DRCOV));
@@ -298,9 +312,11 @@ impl Config {
                 _ => return Err(bad(KEYS)),
             }
         }
-        if c.trace.is_none() && (c.trace_start > 0 || c.trace_count > 0 || c.trace_mem) {
+        if c.trace.is_none()
+            && (c.trace_start > 0 || c.trace_count > 0 || c.trace_mem || trace_wait_given)
+        {
             return Err(ArgError {
-                arg: "trace-start=/trace-count=/trace-mem=".to_string(),
+                arg: "trace-start=/trace-count=/trace-mem=/trace-wait=".to_string(),
                 accepted: TRACE,
             });
         }

@@ -18,10 +18,9 @@
 //! Blocks are identified as for `hot=` ([`BlockKey`]: first instruction's
 //! address and instruction count), so retranslations share an ID.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::hot::BlockKey;
+use crate::hot::{BlockKey, Distinct};
 
 /// One distinct block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,46 +34,20 @@ pub struct Block<S> {
     pub counters: S,
 }
 
-/// Distinct blocks, in the order they were first translated.
-#[derive(Debug, Clone)]
-pub struct BlockTable<S> {
-    index: HashMap<BlockKey, usize>,
-    blocks: Vec<(BlockKey, Block<S>)>,
-}
+/// `bbv=`'s and `drcov=`'s table: per distinct block, its ID, size and
+/// counters.
+pub type BlockTable<S> = Distinct<Block<S>>;
 
-impl<S> Default for BlockTable<S> {
-    fn default() -> Self {
-        BlockTable {
-            index: HashMap::new(),
-            blocks: Vec::new(),
-        }
-    }
-}
-
-impl<S: Copy> BlockTable<S> {
+impl<S: Copy> Distinct<Block<S>> {
     /// The block `key`'s counters; `make` (which allocates them) runs only
-    /// the first time it is translated.
-    pub fn counters(&mut self, key: BlockKey, bytes: u32, make: impl FnOnce() -> S) -> S {
-        if let Some(&i) = self.index.get(&key) {
-            return self.blocks[i].1.counters;
-        }
-        let id = self.blocks.len() as u32 + 1;
-        let counters = make();
-        self.index.insert(key, self.blocks.len());
-        self.blocks.push((
-            key,
-            Block {
-                id,
-                bytes,
-                counters,
-            },
-        ));
-        counters
-    }
-
-    /// Every block, in ID order.
-    pub fn iter(&self) -> impl Iterator<Item = &(BlockKey, Block<S>)> {
-        self.blocks.iter()
+    /// the first time it is translated; None once the table is full.
+    pub fn counters(&mut self, key: BlockKey, bytes: u32, make: impl FnOnce() -> S) -> Option<S> {
+        self.get_or_insert(key, |i| Block {
+            id: i as u32 + 1,
+            bytes,
+            counters: make(),
+        })
+        .map(|b| b.counters)
     }
 }
 
@@ -131,9 +104,13 @@ mod tests {
     fn ids_are_per_distinct_block_from_1() {
         let mut t = BlockTable::default();
         let k = |vaddr, insns| BlockKey { vaddr, insns };
-        assert_eq!(t.counters(k(0x1000, 4), 12, || 'a'), 'a');
-        assert_eq!(t.counters(k(0x2000, 2), 5, || 'b'), 'b');
-        assert_eq!(t.counters(k(0x1000, 4), 12, || 'c'), 'a', "retranslated");
+        assert_eq!(t.counters(k(0x1000, 4), 12, || 'a'), Some('a'));
+        assert_eq!(t.counters(k(0x2000, 2), 5, || 'b'), Some('b'));
+        assert_eq!(
+            t.counters(k(0x1000, 4), 12, || 'c'),
+            Some('a'),
+            "retranslated"
+        );
         let ids: Vec<u32> = t.iter().map(|(_, b)| b.id).collect();
         assert_eq!(ids, [1, 2]);
     }

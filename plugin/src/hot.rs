@@ -35,50 +35,87 @@ pub struct BlockInfo<S> {
     pub disas: String,
 }
 
-/// Distinct blocks, in the order they were first translated.
+/// Distinct blocks a table keeps at most: memory stays bounded (a guest
+/// JIT or ASLR'd processes make new blocks for ever); translations of
+/// further blocks are counted in [`Distinct::refused`] and the report says
+/// so.
+pub const MAX_BLOCKS: usize = 1 << 18;
+
+/// Per distinct block, a `V` made the first time it is translated, in that
+/// order, up to a cap: the table behind `hot=` ([`HotTable`]) and `bbv=`
+/// and `drcov=` (crate::blocks).
 #[derive(Debug, Clone)]
-pub struct HotTable<S> {
+pub struct Distinct<V> {
     index: HashMap<BlockKey, usize>,
-    blocks: Vec<(BlockKey, BlockInfo<S>)>,
+    entries: Vec<(BlockKey, V)>,
+    cap: usize,
+    refused: u64,
 }
 
-impl<S> Default for HotTable<S> {
+impl<V> Default for Distinct<V> {
     fn default() -> Self {
-        HotTable {
-            index: HashMap::new(),
-            blocks: Vec::new(),
-        }
+        Self::with_cap(MAX_BLOCKS)
     }
 }
 
-impl<S: Copy> HotTable<S> {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
+impl<V> Distinct<V> {
+    /// An empty table of at most `cap` blocks.
+    pub fn with_cap(cap: usize) -> Self {
+        Distinct {
+            index: HashMap::new(),
+            entries: Vec::new(),
+            cap,
+            refused: 0,
+        }
     }
 
-    /// The counter of the block `key`. `describe` (which allocates the
-    /// counter and reads the symbol and disassembly) runs only the first
-    /// time the block is translated.
-    pub fn counter(&mut self, key: BlockKey, describe: impl FnOnce() -> BlockInfo<S>) -> S {
+    /// The entry of block `key`; `make` (given the block's 0-based position)
+    /// runs only the first time it is translated. None, counted as refused,
+    /// for a new block once the table is full.
+    pub fn get_or_insert(&mut self, key: BlockKey, make: impl FnOnce(usize) -> V) -> Option<&V> {
         if let Some(&i) = self.index.get(&key) {
-            return self.blocks[i].1.counter;
+            return Some(&self.entries[i].1);
         }
-        let info = describe();
-        let counter = info.counter;
-        self.index.insert(key, self.blocks.len());
-        self.blocks.push((key, info));
-        counter
+        let i = self.entries.len();
+        if i >= self.cap {
+            self.refused += 1;
+            return None;
+        }
+        self.index.insert(key, i);
+        self.entries.push((key, make(i)));
+        Some(&self.entries[i].1)
+    }
+
+    /// Translations of blocks the full table refused.
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// Distinct blocks recorded.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.entries.len()
     }
 
     /// Whether no block was recorded.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Every block, in the order first translated.
+    pub fn iter(&self) -> impl Iterator<Item = &(BlockKey, V)> {
+        self.entries.iter()
+    }
+}
+
+/// `hot=`'s table: per distinct block, its counter and description.
+pub type HotTable<S> = Distinct<BlockInfo<S>>;
+
+impl<S: Copy> Distinct<BlockInfo<S>> {
+    /// The counter of the block `key`. `describe` (which allocates the
+    /// counter and reads the symbol and disassembly) runs only the first
+    /// time the block is translated; None once the table is full.
+    pub fn counter(&mut self, key: BlockKey, describe: impl FnOnce() -> BlockInfo<S>) -> Option<S> {
+        self.get_or_insert(key, |_| describe()).map(|i| i.counter)
     }
 
     /// The `n` most executed blocks, most executed first (ties: lower
@@ -88,7 +125,7 @@ impl<S: Copy> HotTable<S> {
     /// translated and the executions of all.
     pub fn hottest(&self, n: usize, executions: impl Fn(S) -> u64) -> Vec<HotBlock> {
         let mut by_addr: HashMap<u64, HotBlock> = HashMap::new();
-        for (key, info) in &self.blocks {
+        for (key, info) in &self.entries {
             let b = by_addr.entry(key.vaddr).or_insert_with(|| HotBlock {
                 vaddr: key.vaddr,
                 insns: key.insns,
@@ -119,7 +156,7 @@ mod tests {
 
     #[test]
     fn retranslating_a_block_allocates_its_counter_once() {
-        let mut t = HotTable::new();
+        let mut t = HotTable::default();
         let mut allocated = 0;
         let key = BlockKey {
             vaddr: 0x1000,
@@ -130,7 +167,7 @@ mod tests {
                 allocated += 1;
                 info(allocated)
             });
-            assert_eq!(c, 1, "every translation gets the first counter");
+            assert_eq!(c, Some(1), "every translation gets the first counter");
         }
         assert_eq!((allocated, t.len()), (1, 1));
         // Another length at the same address, another address: new blocks.
@@ -156,7 +193,7 @@ mod tests {
 
     #[test]
     fn hottest_merges_one_address_and_sorts() {
-        let mut t = HotTable::new();
+        let mut t = HotTable::default();
         for (vaddr, insns, counter) in [
             (0x1000, 4, 1),
             (0x2000, 3, 2),
@@ -181,6 +218,23 @@ mod tests {
             ]
         );
         assert_eq!(t.hottest(1, runs).len(), 1);
-        assert!(HotTable::<usize>::new().hottest(5, runs).is_empty());
+        assert!(HotTable::<usize>::default().hottest(5, runs).is_empty());
+    }
+
+    #[test]
+    fn a_full_table_refuses_new_blocks_and_counts_them() {
+        let mut t = HotTable::with_cap(2);
+        let key = |vaddr| BlockKey { vaddr, insns: 1 };
+        assert_eq!(t.counter(key(0x1000), || info(1)), Some(1));
+        assert_eq!(t.counter(key(0x2000), || info(2)), Some(2));
+        for _ in 0..3 {
+            assert_eq!(t.counter(key(0x3000), || info(3)), None, "past the cap");
+        }
+        assert_eq!(
+            t.counter(key(0x1000), || info(9)),
+            Some(1),
+            "known blocks stay"
+        );
+        assert_eq!((t.len(), t.refused()), (2, 3));
     }
 }

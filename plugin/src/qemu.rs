@@ -21,8 +21,9 @@ use crate::args::{Config, Format, Mode};
 use crate::blocks::{bb_line, drcov, BlockTable};
 use crate::classify::{groups_of, Arch, Class, Classifier, InsnInfo};
 use crate::hot::{BlockInfo, BlockKey, HotTable};
-use crate::report::{Interval, Report, VcpuCounts};
+use crate::report::{Interval, PastCap, Report, VcpuCounts};
 use crate::resets::{Reason, Resets};
+use crate::trace::TraceWriter;
 
 /// The plugin API version QEMU checks before calling `qemu_plugin_install`.
 #[unsafe(no_mangle)]
@@ -57,7 +58,7 @@ struct Plugin {
     /// `drcov=`'s file.
     drcov: Mutex<Option<File>>,
     /// `trace=`: the writer and the vCPUs' buffers.
-    tracer: Option<Tracer>,
+    tracer: Option<TraceWriter>,
     /// When the plugin was loaded (the timeline's time 0).
     loaded: std::time::Instant,
 }
@@ -71,88 +72,9 @@ unsafe impl Sync for Plugin {}
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
 
-/// vCPUs `trace=` keeps a buffer for (vCPU indexes above are not traced).
+/// vCPUs `trace=` keeps a buffer for (executions on vCPUs above are
+/// counted as lost).
 const TRACE_VCPUS: usize = 1024;
-/// A vCPU's buffer is handed to the writer at this size.
-const TRACE_CHUNK: usize = 64 * 1024;
-/// Chunks queued for the writer at most: a vCPU waits when the writer
-/// lags, so memory stays bounded (about `TRACE_QUEUE` × `TRACE_CHUNK` plus
-/// a chunk per vCPU).
-const TRACE_QUEUE: usize = 64;
-
-/// `trace=`: a writer thread streaming chunks of records to the file
-/// (crate::trace), fed by a bounded queue.
-struct Tracer {
-    queue: Mutex<Option<std::sync::mpsc::SyncSender<Vec<u8>>>>,
-    writer: Mutex<Option<std::thread::JoinHandle<std::io::Result<()>>>>,
-    /// Instruction ids, by address and bytes.
-    ids: Mutex<std::collections::HashMap<(u64, Vec<u8>), u32>>,
-    /// Per vCPU: records not yet handed over, and whether its last
-    /// execution was traced (its memory accesses then are too).
-    vcpus: Box<[Mutex<VcpuTrace>]>,
-}
-
-/// One vCPU's part of the trace: records not yet handed to the writer,
-/// whether its last execution was traced, and whether it is past its
-/// window.
-type VcpuTrace = (Vec<u8>, bool, bool);
-
-impl Tracer {
-    fn start(file: File) -> Tracer {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(TRACE_QUEUE);
-        let writer = std::thread::Builder::new()
-            .name("rustkvm-trace".into())
-            .spawn(move || {
-                let mut w = std::io::BufWriter::new(file);
-                w.write_all(crate::trace::MAGIC)?;
-                for chunk in rx {
-                    w.write_all(&chunk)?;
-                }
-                w.flush()
-            })
-            .ok();
-        Tracer {
-            queue: Mutex::new(Some(tx)),
-            writer: Mutex::new(writer),
-            ids: Mutex::new(std::collections::HashMap::new()),
-            vcpus: (0..TRACE_VCPUS)
-                .map(|_| Mutex::new((Vec::new(), false, false)))
-                .collect(),
-        }
-    }
-
-    fn send(&self, chunk: Vec<u8>) {
-        // (Cloned out of the lock: a full queue blocks only this sender.)
-        let tx = self.queue.lock().ok().and_then(|q| q.clone());
-        if let Some(tx) = tx {
-            let _ = tx.send(chunk);
-        }
-    }
-
-    /// Hand every buffer over, close the queue, wait for the file.
-    fn finish(&self) {
-        for v in self.vcpus.iter() {
-            let chunk = v
-                .lock()
-                .map(|mut b| std::mem::take(&mut b.0))
-                .unwrap_or_default();
-            if !chunk.is_empty() {
-                self.send(chunk);
-            }
-        }
-        if let Ok(mut q) = self.queue.lock() {
-            q.take();
-        }
-        let writer = self.writer.lock().ok().and_then(|mut w| w.take());
-        if let Some(w) = writer {
-            match w.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("rustkvm plugin: writing the trace: {e}"),
-                Err(_) => eprintln!("rustkvm plugin: the trace writer failed"),
-            }
-        }
-    }
-}
 
 /// A distinct block's scoreboards (`u64` per vCPU; null when not asked
 /// for): `bbv=`'s instructions in the current interval, `drcov=`'s
@@ -282,7 +204,10 @@ unsafe fn install(
     };
     let out = create("outfile", &config.outfile)?;
     let drcov_out = create("drcov", &config.drcov)?;
-    let tracer = create("trace", &config.trace)?.map(Tracer::start);
+    let tracer = create("trace", &config.trace)?
+        .map(|f| TraceWriter::start(f, TRACE_VCPUS, config.trace_wait))
+        .transpose()
+        .map_err(|e| format!("rustkvm plugin: trace=: cannot start its writer thread: {e}"))?;
     let timeline = create("timeline", &config.timeline)?;
     // SAFETY: plain plugin API call.
     let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
@@ -293,7 +218,7 @@ unsafe fn install(
         target,
         system,
         score,
-        hot: Mutex::new(HotTable::new()),
+        hot: Mutex::new(HotTable::default()),
         intervals: Mutex::new(Vec::new()),
         out: Mutex::new(out),
         timeline: Mutex::new(timeline),
@@ -601,6 +526,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
         // SAFETY: tb is the block being translated, with n > 0 instructions.
         let score = hot.counter(key, || unsafe { describe_block(tb) });
         drop(hot);
+        // Past the table's cap: not counted (the report says how often).
+        let Some(score) = score else { return };
         // SAFETY: tb is being translated; the scoreboard is ours and never
         // freed.
         unsafe {
@@ -610,8 +537,8 @@ unsafe extern "C" fn tb_trans(_id: sys::qemu_plugin_id_t, tb: *mut sys::qemu_plu
 }
 
 /// `bbv=`/`drcov=`: the scoreboards of the block being translated (made
-/// the first time the block is seen: crate::blocks). None if the table's
-/// lock is poisoned.
+/// the first time the block is seen: crate::blocks). None if the table is
+/// full (the report says how often) or its lock is poisoned.
 ///
 /// # Safety
 /// `tb` is the block being translated, with `n` instructions.
@@ -632,12 +559,10 @@ unsafe fn block_scores(p: &Plugin, tb: *mut sys::qemu_plugin_tb, n: usize) -> Op
     };
     // (The scoreboards are allocated under our lock, as for hot=.)
     let mut t = p.blocks.lock().ok()?;
-    Some(
-        t.counters(BlockKey { vaddr, insns: n }, bytes as u32, || BlockScores {
-            bbv: new(p.config.bbv.is_some()),
-            seen: new(p.config.drcov.is_some()),
-        }),
-    )
+    t.counters(BlockKey { vaddr, insns: n }, bytes as u32, || BlockScores {
+        bbv: new(p.config.bbv.is_some()),
+        seen: new(p.config.drcov.is_some()),
+    })
 }
 
 /// `trace=`: the callbacks of instruction `i` of the block being
@@ -656,22 +581,11 @@ unsafe fn plant_trace(p: &Plugin, tb: *mut sys::qemu_plugin_tb, i: usize, ahead:
     // SAFETY: as above; QEMU copies at most code.len() bytes.
     let len = unsafe { sys::qemu_plugin_insn_data(insn, code.as_mut_ptr().cast(), code.len()) };
     let code = code[..len.min(16)].to_vec();
-    let id = {
-        let Ok(mut ids) = t.ids.lock() else { return };
-        let next = ids.len() as u32 + 1;
-        match ids.get(&(vaddr, code.clone())) {
-            Some(&id) => id,
-            None => {
-                ids.insert((vaddr, code.clone()), next);
-                // SAFETY: insn is valid during translation.
-                let disas = unsafe { insn_disas(insn) };
-                // Sent under the ids lock: the description is queued before
-                // any vCPU can queue an execution of it.
-                t.send(crate::trace::insn_record(next, vaddr, &code, &disas));
-                next
-            }
-        }
-    };
+    // Id 0: past the id table's cap, executions are counted as lost.
+    // SAFETY: insn is valid during translation.
+    let id = t
+        .id(vaddr, &code, || unsafe { insn_disas(insn) })
+        .unwrap_or(0);
     let udata = std::ptr::without_provenance_mut::<c_void>(((id as usize) << 32) | ahead as usize);
     // SAFETY: insn is valid during translation; the callback is ours and
     // reads our scoreboard, which lives until exit.
@@ -701,9 +615,6 @@ unsafe fn plant_trace(p: &Plugin, tb: *mut sys::qemu_plugin_tb, i: usize, ahead:
 unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
     let Some(p) = PLUGIN.get() else { return };
     let Some(t) = &p.tracer else { return };
-    let Some(slot) = t.vcpus.get(vcpu as usize) else {
-        return;
-    };
     let (id, ahead) = (
         (udata.addr() >> 32) as u32,
         (udata.addr() & 0xffff_ffff) as u64,
@@ -711,30 +622,35 @@ unsafe extern "C" fn on_trace_insn(vcpu: c_uint, udata: *mut c_void) {
     // SAFETY: our scoreboard; this vCPU's slot, on its own thread.
     let count = unsafe { sys::qemu_plugin_u64_get(entry(p.score, VcpuCounts::INSTRUCTIONS), vcpu) };
     let index = count.saturating_sub(ahead);
-    let Ok(mut b) = slot.lock() else { return };
-    let c = p.config.trace_count;
-    b.1 = index >= p.config.trace_start && (c == 0 || index - p.config.trace_start < c);
-    if !b.1 && c > 0 && index >= p.config.trace_start && !b.2 {
-        // Past the window. Once every vCPU is, retranslate without the
-        // trace's callbacks (they would run, and return, on every
-        // instruction to the end).
-        b.2 = true;
-        drop(b);
-        let done = TRACE_DONE_VCPUS.fetch_add(1, Ordering::SeqCst) + 1;
-        // SAFETY: plain plugin API call.
-        let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(1) as u32;
-        if done >= vcpus && !TRACE_DONE.swap(true, Ordering::SeqCst) {
-            request_reset(p, Reason::TraceDone);
+    let (start, c) = (p.config.trace_start, p.config.trace_count);
+    let in_window = index >= start && (c == 0 || index - start < c);
+    let newly_past = t.vcpu(vcpu, |b| {
+        b.traced = in_window && id != 0;
+        if in_window {
+            if id == 0 {
+                t.lose(1);
+            } else {
+                b.exec(vcpu, id, index);
+            }
         }
-        return;
-    }
-    if b.1 {
-        crate::trace::push_exec(&mut b.0, vcpu, id, index);
-        if b.0.len() >= TRACE_CHUNK {
-            let chunk = std::mem::take(&mut b.0);
-            drop(b);
-            t.send(chunk);
+        let past = !in_window && c > 0 && index >= start && !b.past;
+        b.past |= past;
+        past
+    });
+    match newly_past {
+        None if in_window => t.lose(1),
+        Some(true) => {
+            // Past the window. Once every vCPU is, retranslate without the
+            // trace's callbacks (they would run, and return, on every
+            // instruction to the end).
+            let done = TRACE_DONE_VCPUS.fetch_add(1, Ordering::SeqCst) + 1;
+            // SAFETY: plain plugin API call.
+            let vcpus = unsafe { sys::qemu_plugin_num_vcpus() }.max(1) as u32;
+            if done >= vcpus && !TRACE_DONE.swap(true, Ordering::SeqCst) {
+                request_reset(p, Reason::TraceDone);
+            }
         }
+        _ => {}
     }
 }
 
@@ -747,13 +663,6 @@ unsafe extern "C" fn on_trace_mem(
 ) {
     let Some(p) = PLUGIN.get() else { return };
     let Some(t) = &p.tracer else { return };
-    let Some(slot) = t.vcpus.get(vcpu as usize) else {
-        return;
-    };
-    let Ok(mut b) = slot.lock() else { return };
-    if !b.1 {
-        return;
-    }
     // SAFETY: info is this callback's access.
     let (shift, store, v) = unsafe {
         (
@@ -774,7 +683,11 @@ unsafe extern "C" fn on_trace_mem(
         }
     };
     let info = (shift as u8 & 0xf) | if store { crate::trace::MEM_STORE } else { 0 };
-    crate::trace::push_mem(&mut b.0, vcpu, vaddr, info, value);
+    t.vcpu(vcpu, |b| {
+        if b.traced {
+            b.mem(vcpu, vaddr, info, value);
+        }
+    });
 }
 
 /// `bbv=`: write vCPU `vcpu`'s line for the interval that ends now (its
@@ -1016,6 +929,10 @@ fn build_report(p: &Plugin, stopped_at_limit: Option<c_uint>) -> Report {
         hot,
         intervals: p.intervals.lock().map(|v| v.clone()).unwrap_or_default(),
         stopped_at_limit,
+        past_cap: PastCap {
+            hot: p.hot.lock().map(|t| t.refused()).unwrap_or(0),
+            blocks: p.blocks.lock().map(|t| t.refused()).unwrap_or(0),
+        },
     }
 }
 
@@ -1033,7 +950,15 @@ fn write_report(p: &Plugin, report: Report) {
         }
     }
     if let Some(t) = &p.tracer {
-        t.finish();
+        match t.finish() {
+            crate::trace::Finish::Complete { lost: 0, .. } => {}
+            crate::trace::Finish::Complete { records, lost } => eprintln!(
+                "rustkvm plugin: trace: {records} records written, {lost} executions or accesses not recorded (see above)"
+            ),
+            crate::trace::Finish::Truncated(why) => {
+                eprintln!("rustkvm plugin: trace: truncated: {why}")
+            }
+        }
     }
     // bbv=: each vCPU's partial last interval, then the files flushed.
     if p.config.bbv.is_some() {

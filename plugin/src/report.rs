@@ -119,6 +119,18 @@ pub struct Report {
     /// The vCPU that reached `limit=` when the run was stopped by it (None:
     /// the run ended otherwise).
     pub stopped_at_limit: Option<u32>,
+    /// Translations of blocks past a table's cap (crate::hot::MAX_BLOCKS),
+    /// not counted: `hot=`'s, and `bbv=`/`drcov=`'s.
+    pub past_cap: PastCap,
+}
+
+/// Translations of blocks the full tables refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PastCap {
+    /// `hot=`'s table: these blocks' executions are not in `hot_blocks`.
+    pub hot: u64,
+    /// `bbv=`'s and `drcov=`'s: these blocks are not in their files.
+    pub blocks: u64,
 }
 
 /// `s` as a JSON string literal.
@@ -170,9 +182,12 @@ impl Report {
             None => "null".to_string(),
         };
         let mut s = format!(
-            "{{\n  \"schema\": \"rustkvm-plugin/1\",\n  \"target\": {},\n  \"mode\": \"{}\",\n  \"stopped\": {stopped},\n  \"vcpus\": [\n",
+            "{{\n  \"schema\": \"rustkvm-plugin/1\",\n  \"target\": {},\n  \"mode\": \"{}\",\n  \"stopped\": {stopped},\n  \"blocks_past_cap\": {{\"cap\": {}, \"hot\": {}, \"bbv_drcov\": {}}},\n  \"vcpus\": [\n",
             json_str(&self.target),
-            self.mode_name()
+            self.mode_name(),
+            crate::hot::MAX_BLOCKS,
+            self.past_cap.hot,
+            self.past_cap.blocks
         );
         let rows: Vec<String> = self
             .vcpus
@@ -318,6 +333,14 @@ impl Report {
         if let Some(v) = self.stopped_at_limit {
             let _ = writeln!(s, "stopped,limit_vcpu,{v}");
         }
+        for (k, v) in [
+            ("hot", self.past_cap.hot),
+            ("bbv_drcov", self.past_cap.blocks),
+        ] {
+            if v > 0 {
+                let _ = writeln!(s, "blocks_past_cap,{k},{v}");
+            }
+        }
         for (i, c) in self.vcpus.iter().enumerate() {
             for (k, v) in c.events(self.counters) {
                 let _ = writeln!(s, "vcpu{i},{k},{v}");
@@ -365,6 +388,18 @@ impl Report {
                 "stopped: vcpu{v} reached limit= (QEMU exits with status {})",
                 crate::LIMIT_EXIT_STATUS
             );
+        }
+        for (what, v) in [
+            ("hot=", self.past_cap.hot),
+            ("bbv=/drcov=", self.past_cap.blocks),
+        ] {
+            if v > 0 {
+                let _ = writeln!(
+                    s,
+                    "{what}: {v} translations of blocks past the table's {} distinct blocks were not counted",
+                    crate::hot::MAX_BLOCKS
+                );
+            }
         }
         if !self.hot.is_empty() {
             let _ = writeln!(s, "hot blocks:");
@@ -425,6 +460,7 @@ mod tests {
                 host_ns: 2_500,
             }],
             stopped_at_limit: None,
+            past_cap: PastCap::default(),
         }
     }
 
@@ -504,6 +540,7 @@ mod tests {
         assert!(c.contains("interval0:vcpu1,instructions,4\n"), "{c}");
         let stopped = Report {
             stopped_at_limit: Some(1),
+            past_cap: PastCap { hot: 3, blocks: 0 },
             ..r.clone()
         };
         let j = stopped.to_json();
@@ -517,6 +554,21 @@ mod tests {
             "{c}"
         );
         assert!(stopped.table().contains("vcpu1 reached limit="));
+        assert!(
+            j.contains("\"blocks_past_cap\": {\"cap\": 262144, \"hot\": 3, \"bbv_drcov\": 0},"),
+            "{j}"
+        );
+        assert!(
+            c.contains("blocks_past_cap,hot,3\n") && !c.contains("bbv_drcov"),
+            "{c}"
+        );
+        assert!(
+            stopped
+                .table()
+                .contains("hot=: 3 translations of blocks past the table's 262144 distinct blocks were not counted"),
+            "{}",
+            stopped.table()
+        );
         let empty = Report {
             hot: vec![],
             vcpus: vec![],

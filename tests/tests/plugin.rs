@@ -108,7 +108,7 @@ fn boot(
     let tests = guest::discover().expect("guests");
     let t = tests.iter().find(|t| t.name == guest).expect("guest");
     let mut cmd = Command::new("timeout");
-    cmd.arg("120").arg(exe).args(machine(arch, smp));
+    cmd.args(["-k", "10", "120"]).arg(exe).args(machine(arch, smp));
     cmd.arg("-kernel").arg(t.binary(arch));
     for (p, a) in plugins {
         let spec = if a.is_empty() {
@@ -867,6 +867,21 @@ fn traces_follow_the_guests_code_and_its_stores() {
             .status()
             .expect("rustkvm-trace");
         assert!(ok.success());
+        // Cut short, the same trace is reported truncated (exit status 1).
+        let data = std::fs::read(&trace).expect("trace");
+        let cut = dir.join("cut.bin");
+        std::fs::write(&cut, &data[..data.len() - 20]).unwrap();
+        let out = Command::new(trace_tool())
+            .arg(&cut)
+            .arg(dir.join("cut.txt"))
+            .output()
+            .expect("rustkvm-trace");
+        assert_eq!(out.status.code(), Some(1), "{arch}: a cut trace");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("rustkvm-trace: truncated trace"),
+            "{arch}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = std::fs::read_to_string(&jsonl).expect("jsonl");
         let tests = guest::discover().expect("guests");
         let image = std::fs::read(
@@ -957,4 +972,53 @@ fn traces_follow_the_guests_code_and_its_stores() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// `trace=` into a FIFO whose reader never reads (`trace-wait=1`): the
+/// guest runs to its end, QEMU exits (once hung for ever, joining the
+/// writer), the plugin says the trace is truncated, and its counts are
+/// still written.
+#[test]
+fn a_trace_nobody_reads_does_not_hold_qemu() {
+    let exe = qemu::emulator(Arch::X86_64).expect("built");
+    let dir = scratch("trace-fifo");
+    let (fifo, report) = (dir.join("t.fifo"), dir.join("r.json"));
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    // The reader opens the FIFO (the plugin's open waits for it) and keeps
+    // it open, unread, until QEMU has exited.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&fifo).expect("open the FIFO");
+            let _ = rx.recv();
+            drop(f);
+        })
+    };
+    let plugins = vec![(
+        copy_of_ours(&dir, "fifo"),
+        format!(
+            "quiet=on,symbol={COUNTED_SYMBOL},outfile={},trace={},trace-wait=1",
+            report.display(),
+            fifo.display()
+        ),
+    )];
+    // 2 vCPUs × 5e5 loop iterations × 5 instructions: far more than the
+    // pipe and the writer's queue hold (about 4 MiB, 250 000 records).
+    let run = counted_passes(&exe, Arch::X86_64, &plugins, 500_000);
+    let _ = tx.send(());
+    reader.join().unwrap();
+    assert!(
+        run.stderr.contains("the writer made no progress for 1 s")
+            && run.stderr.contains("rustkvm plugin: trace: truncated"),
+        "{}",
+        run.stderr
+    );
+    let r = json(&report);
+    assert!(
+        r["vcpus"][0]["instructions"].as_u64().unwrap_or(0) > 2_000_000,
+        "{r}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
