@@ -108,7 +108,9 @@ fn boot(
     let tests = guest::discover().expect("guests");
     let t = tests.iter().find(|t| t.name == guest).expect("guest");
     let mut cmd = Command::new("timeout");
-    cmd.args(["-k", "10", "120"]).arg(exe).args(machine(arch, smp));
+    cmd.args(["-k", "10", "120"])
+        .arg(exe)
+        .args(machine(arch, smp));
     cmd.arg("-kernel").arg(t.binary(arch));
     for (p, a) in plugins {
         let spec = if a.is_empty() {
@@ -413,7 +415,8 @@ fn address_and_symbol_filters_count_only_what_they_select() {
 /// `limit=` on a guest whose two vCPUs are both inside the counted loop
 /// when the limit is reached (each finishes its warm-up call before either
 /// starts its long one; `symbol=` counts only the loop): QEMU shuts down
-/// through its main loop and exits with the plugin's own status, the report says which vCPU stopped it and where,
+/// through its main loop and exits with the plugin's own status (after the
+/// same plugin's `trace=` window ended, and its reset, on the way), the report says which vCPU stopped it and where,
 /// and the other plugins in the process (a copy of ours counting
 /// everything, QEMU's `insn`) still write theirs, read with every vCPU
 /// held: the two agree on every vCPU.
@@ -427,13 +430,18 @@ fn limit_stops_every_vcpu_writes_the_report_and_exits_with_its_own_status() {
     for arch in Arch::ALL {
         let exe = qemu::emulator(arch).expect("built");
         let dir = scratch(&format!("limit-{arch}"));
-        let (limited, all) = (dir.join("limited.json"), dir.join("all.json"));
+        let (limited, all, trace) = (
+            dir.join("limited.json"),
+            dir.join("all.json"),
+            dir.join("t.bin"),
+        );
         let plugins = vec![
             (
                 copy_of_ours(&dir, "limited"),
                 format!(
-                    "symbol={COUNTED_SYMBOL},counters=all,hot=4,limit={LIMIT},quiet=on,outfile={}",
-                    limited.display()
+                    "symbol={COUNTED_SYMBOL},counters=all,hot=4,limit={LIMIT},quiet=on,outfile={},trace={},trace-count=1000",
+                    limited.display(),
+                    trace.display()
                 ),
             ),
             (
@@ -486,6 +494,26 @@ fn limit_stops_every_vcpu_writes_the_report_and_exits_with_its_own_status() {
         assert!(
             !hot.is_empty() && hot.iter().all(|b| b["symbol"] == COUNTED_SYMBOL),
             "{label}: {hot:?}"
+        );
+        // The trace's window ended (its reset re-registered the callbacks)
+        // before the limit, whose own reset then stopped the run; the trace
+        // is complete: 1000 executions per vCPU.
+        let out = Command::new(trace_tool())
+            .arg(&trace)
+            .output()
+            .expect("rustkvm-trace");
+        assert!(
+            out.status.success(),
+            "{label}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with("vcpu "))
+                .count(),
+            2000,
+            "{label}: the trace"
         );
         let everything = json(&all);
         assert_eq!(everything["stopped"], Value::Null, "{label}");
