@@ -43,6 +43,9 @@ struct Plugin {
     target: String,
     /// System emulation (else user mode): how `limit=` stops QEMU.
     system: bool,
+    /// QEMU's main thread blocks SIGTERM (its parent's mask): `limit=`
+    /// cannot stop QEMU through it.
+    sigterm_blocked: bool,
     /// One `VcpuCounts` per vCPU.
     score: *mut sys::qemu_plugin_scoreboard,
     /// `hot=`: one scoreboard (a `u64` per vCPU) per distinct block.
@@ -85,9 +88,23 @@ struct BlockScores {
     seen: *mut sys::qemu_plugin_scoreboard,
 }
 
-/// Set by whichever writes the report first (the exit callback or the
-/// `limit=` stop), so it is written once.
-static REPORTED: AtomicBool = AtomicBool::new(false);
+/// Who wrote the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reported {
+    /// No one yet.
+    Not,
+    /// The exit callback (QEMU exits for another reason).
+    AtExit,
+    /// The `limit=` stop.
+    Limit,
+}
+
+/// Set, under its lock, by whichever writes the report first (the exit
+/// callback or the `limit=` stop): the report is written once, and the
+/// other waits until it is (QEMU can call `exit` while a vCPU writes it:
+/// `qemu_wait_io_event_common` counts a vCPU as stopped before it runs its
+/// queued work, system/cpus.c).
+static REPORTED: Mutex<Reported> = Mutex::new(Reported::Not);
 
 /// `trace=`: every vCPU has passed its `trace-count=` window, and the
 /// plugin was reset to retranslate without the trace's callbacks.
@@ -184,6 +201,11 @@ unsafe fn install(
     };
     // SAFETY: as above.
     let system = unsafe { info.as_ref().is_some_and(|i| i.system_emulation) };
+    if PLUGIN.get().is_some() {
+        return Err(
+            "rustkvm plugin: already loaded from this file (copy it to load it twice)".into(),
+        );
+    }
     let arch = Arch::from_target(&target).ok_or_else(|| {
         format!("rustkvm plugin: target '{target}' is not supported (x86_64, i386, aarch64)")
     })?;
@@ -204,11 +226,13 @@ unsafe fn install(
     };
     let out = create("outfile", &config.outfile)?;
     let drcov_out = create("drcov", &config.drcov)?;
+    let timeline = create("timeline", &config.timeline)?;
+    // The writer thread last: nothing fails after it starts (QEMU unloads a
+    // plugin whose install fails).
     let tracer = create("trace", &config.trace)?
         .map(|f| TraceWriter::start(f, TRACE_VCPUS, config.trace_wait))
         .transpose()
         .map_err(|e| format!("rustkvm plugin: trace=: cannot start its writer thread: {e}"))?;
-    let timeline = create("timeline", &config.timeline)?;
     // SAFETY: plain plugin API call.
     let score = unsafe { sys::qemu_plugin_scoreboard_new(std::mem::size_of::<VcpuCounts>()) };
     let plugin = Plugin {
@@ -217,6 +241,7 @@ unsafe fn install(
         arch,
         target,
         system,
+        sigterm_blocked: sigterm_blocked(),
         score,
         hot: Mutex::new(HotTable::default()),
         intervals: Mutex::new(Vec::new()),
@@ -228,11 +253,23 @@ unsafe fn install(
         tracer,
         loaded: std::time::Instant::now(),
     };
-    PLUGIN
-        .set(plugin)
-        .map_err(|_| "rustkvm plugin: already loaded from this file (copy it to load it twice)")?;
+    // (Checked above: QEMU installs plugins one at a time.)
+    let _ = PLUGIN.set(plugin);
     register_callbacks(id);
     Ok(())
+}
+
+/// Whether the calling thread (at install, QEMU's main thread) blocks
+/// SIGTERM.
+fn sigterm_blocked() -> bool {
+    // SAFETY: sigset_t is plain data, filled by pthread_sigmask.
+    let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a NULL new set only reads the mask into `cur`, which
+    // sigismember then reads.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) == 0
+            && libc::sigismember(&cur, libc::SIGTERM) == 1
+    }
 }
 
 /// Register the translation and exit callbacks (at install, and again
@@ -838,14 +875,24 @@ unsafe extern "C" fn on_limit(vcpu: c_uint, _data: *mut c_void) {
 /// plugin exits here, with every vCPU held, as a guest's `exit_group` ends
 /// QEMU from its vCPU thread.
 fn stop_at_limit(p: &Plugin, vcpu: c_uint) {
-    if REPORTED.swap(true, Ordering::SeqCst) {
+    let Ok(mut reported) = REPORTED.lock() else {
+        return;
+    };
+    if *reported != Reported::Not {
         // The exit callback already ran: QEMU is exiting for another
         // reason (the guest's own exit); let that finish. Returning is
         // safe: a reset, unlike an uninstall, leaves the plugin loaded.
         return;
     }
     write_report(p, build_report(p, Some(vcpu)));
-    if !p.system {
+    *reported = Reported::Limit;
+    drop(reported);
+    if !p.system || p.sigterm_blocked {
+        if p.system {
+            eprintln!(
+                "rustkvm plugin: QEMU runs with SIGTERM blocked: exiting from the vCPU thread"
+            );
+        }
         std::process::exit(crate::LIMIT_EXIT_STATUS);
     }
     // SAFETY: our own id and an exit callback of this plugin; getpid and
@@ -868,6 +915,12 @@ fn stop_at_limit(p: &Plugin, vcpu: c_uint) {
 /// handlers registered before QEMU's own, from the C library and the
 /// sanitizers, are left out).
 unsafe extern "C" fn exit_with_limit_status(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
+    set_limit_status();
+}
+
+/// Have `exit` end with [`crate::LIMIT_EXIT_STATUS`] (from an exit
+/// handler: see [`exit_with_limit_status`]).
+fn set_limit_status() {
     // SAFETY: `limit_status` is code of this plugin, which stays loaded to
     // the end of the process (QEMU unloads a plugin only when it asks to
     // be uninstalled, which this one never does).
@@ -951,11 +1004,11 @@ fn write_report(p: &Plugin, report: Report) {
     }
     if let Some(t) = &p.tracer {
         match t.finish() {
-            crate::trace::Finish::Complete { lost: 0, .. } => {}
-            crate::trace::Finish::Complete { records, lost } => eprintln!(
-                "rustkvm plugin: trace: {records} records written, {lost} executions or accesses not recorded (see above)"
+            crate::trace::End::Complete { lost: 0 } | crate::trace::End::V1 => {}
+            crate::trace::End::Complete { lost } => eprintln!(
+                "rustkvm plugin: trace: complete, but {lost} executions or accesses were not recorded (see above)"
             ),
-            crate::trace::Finish::Truncated(why) => {
+            crate::trace::End::Truncated(why) => {
                 eprintln!("rustkvm plugin: trace: truncated: {why}")
             }
         }
@@ -1053,8 +1106,17 @@ fn module_name() -> String {
 /// process ends right after, which releases everything.
 unsafe extern "C" fn at_exit(_id: sys::qemu_plugin_id_t, _data: *mut c_void) {
     let Some(p) = PLUGIN.get() else { return };
-    if REPORTED.swap(true, Ordering::SeqCst) {
+    let Ok(mut reported) = REPORTED.lock() else {
         return;
+    };
+    match *reported {
+        Reported::Not => {
+            write_report(p, build_report(p, None));
+            *reported = Reported::AtExit;
+        }
+        // The limit's stop wrote the report while QEMU began to exit:
+        // its status stands.
+        Reported::Limit => set_limit_status(),
+        Reported::AtExit => {}
     }
-    write_report(p, build_report(p, None));
 }

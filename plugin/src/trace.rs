@@ -97,9 +97,9 @@ pub const CHUNK: usize = 64 * 1024;
 /// vCPU).
 pub const QUEUE: usize = 64;
 /// Distinct instructions a trace describes at most (ids 1 to this): the
-/// id table's memory stays bounded (about 64 bytes an id) and ids never
-/// wrap. Executions of instructions past it are counted as lost.
-pub const MAX_IDS: u32 = 1 << 22;
+/// id table's memory stays bounded (about 120 bytes an id: 120 MiB) and
+/// ids never wrap. Executions of instructions past it are counted as lost.
+pub const MAX_IDS: u32 = 1 << 20;
 
 /// `trace=`'s writer: a thread streaming chunks of records to the file,
 /// fed by a bounded queue from the vCPUs' buffers, and the trace's id
@@ -127,6 +127,8 @@ pub struct TraceWriter {
     /// How long a hand-over waits for a writer that makes no progress
     /// (None: for ever).
     wait: Option<Duration>,
+    /// Ids given at most ([`MAX_IDS`]).
+    max_ids: u32,
 }
 
 /// The id table: instruction ids by address and bytes.
@@ -169,21 +171,6 @@ impl VcpuTrace {
     }
 }
 
-/// How [`TraceWriter::finish`] left the file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finish {
-    /// Complete: its end record, with `records` before it and `lost` not
-    /// recorded.
-    Complete {
-        /// Records written.
-        records: u64,
-        /// Seen but not recorded.
-        lost: u64,
-    },
-    /// Truncated (no end record): why.
-    Truncated(String),
-}
-
 impl TraceWriter {
     /// Start the writer thread on `out` (the magic first), with a buffer for
     /// each of `vcpus` vCPUs; a hand-over waits at most `wait` for a writer
@@ -200,7 +187,10 @@ impl TraceWriter {
         let done = Arc::clone(&progress);
         let writer = spawn_with_signals_blocked(move || {
             let mut w = io::BufWriter::new(out);
+            // The magic at once: a trace cut short early is then still
+            // recognisably a trace.
             w.write_all(MAGIC)?;
+            w.flush()?;
             for chunk in rx {
                 w.write_all(&chunk)?;
                 done.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +209,7 @@ impl TraceWriter {
             lost: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
             wait,
+            max_ids: MAX_IDS,
         })
     }
 
@@ -269,14 +260,14 @@ impl TraceWriter {
 
     /// The id of the instruction at `vaddr` with bytes `code`, given (and
     /// its description queued, `disas` read) the first time. None once the
-    /// trace is finished or `MAX_IDS` ids are given.
+    /// trace is finished or [`MAX_IDS`] ids are given.
     pub fn id(&self, vaddr: u64, code: &[u8], disas: impl FnOnce() -> String) -> Option<u32> {
         let mut ids = self.ids.lock().ok()?;
         if let Some(&id) = ids.map.get(&(vaddr, code.to_vec())) {
             return Some(id);
         }
         let next = u32::try_from(ids.map.len()).ok()?.checked_add(1)?;
-        if ids.closed || next > MAX_IDS {
+        if ids.closed || next > self.max_ids {
             return None;
         }
         ids.map.insert((vaddr, code.to_vec()), next);
@@ -308,7 +299,7 @@ impl TraceWriter {
     /// under its lock, its records queued), queue the end record, close
     /// the queue and wait for the file, as long as the writer makes
     /// progress (at most `wait` without).
-    pub fn finish(&self) -> Finish {
+    pub fn finish(&self) -> End {
         if let Ok(mut ids) = self.ids.lock() {
             ids.closed = true;
         }
@@ -333,7 +324,7 @@ impl TraceWriter {
         let queue = self.queue.lock().ok().and_then(|mut q| q.take());
         drop(queue);
         let Some(w) = self.writer.lock().ok().and_then(|mut w| w.take()) else {
-            return Finish::Truncated("the trace was finished before".into());
+            return End::Truncated("the trace was finished before".into());
         };
         let mut seen = (self.progress.load(Ordering::Relaxed), Instant::now());
         while !w.is_finished() {
@@ -341,24 +332,26 @@ impl TraceWriter {
             if now != seen.0 {
                 seen = (now, Instant::now());
             } else if stalled() || self.wait.is_some_and(|t| seen.1.elapsed() >= t) {
-                return Finish::Truncated(
+                return End::Truncated(
                     "the writer made no progress (a FIFO nobody reads?): QEMU exits without waiting for it".into(),
                 );
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         match w.join() {
-            Ok(Ok(())) if stalled() => Finish::Truncated("the writer stalled".into()),
-            Ok(Ok(())) => Finish::Complete { records, lost },
-            Ok(Err(e)) => Finish::Truncated(format!("writing it: {e}")),
-            Err(_) => Finish::Truncated("the writer thread failed".into()),
+            Ok(Ok(())) if stalled() => End::Truncated("the writer stalled".into()),
+            Ok(Ok(())) => End::Complete { lost },
+            Ok(Err(e)) => End::Truncated(format!("writing it: {e}")),
+            Err(_) => End::Truncated("the writer thread failed".into()),
         }
     }
 }
 
-/// Spawn `f` on a thread that blocks every signal but SIGSEGV, SIGBUS,
-/// SIGFPE and SIGILL (the mask is set in this thread around the spawn, so
-/// the new thread starts with it: no signal can reach it first).
+/// Spawn `f` on a thread that blocks every signal but SIGSEGV, SIGFPE and
+/// SIGILL, as the accelerator's sampler thread does (accel/src/host.rs;
+/// QEMU's own threads block SIGBUS too: its handler is for vCPUs). The
+/// mask is set in this thread around the spawn, so the new thread starts
+/// with it: no signal can reach it first.
 fn spawn_with_signals_blocked<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<std::thread::JoinHandle<T>> {
@@ -373,7 +366,7 @@ fn spawn_with_signals_blocked<T: Send + 'static>(
     // SAFETY: `block` is a set we own, for these calls to fill and edit.
     unsafe {
         libc::sigfillset(&mut block);
-        for s in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL] {
+        for s in [libc::SIGSEGV, libc::SIGFPE, libc::SIGILL] {
             libc::sigdelset(&mut block, s);
         }
     }
@@ -451,7 +444,10 @@ impl<R: Read> Reader<R> {
         let mut m = [0u8; 8];
         input.read_exact(&mut m)?;
         if &m != MAGIC && &m != MAGIC_V1 {
-            return Err(bad("not a trace (no RKVMTRC2 magic)"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "rustkvm trace: not a trace (no RKVMTRC2 magic)",
+            ));
         }
         Ok(Reader {
             input,
@@ -537,8 +533,7 @@ fn hex(code: &[u8]) -> String {
     })
 }
 
-/// Convert a whole trace to `out` in `format`.
-/// How a converted trace ended.
+/// How a trace ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// Its end record, with the count of executions and accesses the
@@ -569,7 +564,17 @@ pub struct Summary {
 /// converted up to where it breaks off, and the summary says so.
 pub fn convert(input: impl Read, out: &mut impl io::Write, format: Output) -> io::Result<Summary> {
     use std::collections::HashMap;
-    let mut r = Reader::new(input)?;
+    let mut r = match Reader::new(input) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Ok(Summary {
+                execs: 0,
+                records: 0,
+                end: End::Truncated("the file ends before its magic".into()),
+            })
+        }
+        Err(e) => return Err(e),
+    };
     let mut insns: HashMap<u32, (u64, Vec<u8>, String)> = HashMap::new();
     // JSON Lines: an execution is written once its memory accesses are in.
     let mut pending: HashMap<u32, (String, Vec<String>)> = HashMap::new();
@@ -765,6 +770,10 @@ mod tests {
             ends(&short),
             End::Truncated("the end record counts 6 records, the file has 5".into())
         );
+        assert_eq!(
+            ends(&t[..4]),
+            End::Truncated("the file ends before its magic".into())
+        );
         let mut v1 = t[..body].to_vec();
         v1[..8].copy_from_slice(MAGIC_V1);
         assert_eq!(ends(&v1), End::V1);
@@ -835,13 +844,7 @@ mod tests {
                 recorded,
                 "round {round}: every record before the close is in"
             );
-            assert_eq!(
-                fin,
-                Finish::Complete {
-                    records: n,
-                    lost: 0
-                }
-            );
+            assert_eq!(fin, End::Complete { lost: 0 });
         }
     }
 
@@ -873,20 +876,19 @@ mod tests {
         }
         assert!(t.stalled.load(Ordering::Relaxed));
         assert!(t.lost.load(Ordering::Relaxed) >= per_chunk);
-        assert!(matches!(t.finish(), Finish::Truncated(_)));
+        assert!(matches!(t.finish(), End::Truncated(_)));
     }
 
     #[test]
     fn ids_stop_at_the_cap_and_after_the_end() {
-        let t = TraceWriter::start(Shared::default(), 1, None).unwrap();
-        t.ids
-            .lock()
-            .unwrap()
-            .map
-            .extend((1..MAX_IDS as u64).map(|i| ((i, vec![]), i as u32)));
-        assert_eq!(t.id(0, &[1], String::new), Some(MAX_IDS));
+        let t = TraceWriter {
+            max_ids: 2,
+            ..TraceWriter::start(Shared::default(), 1, None).unwrap()
+        };
+        assert_eq!(t.id(0, &[0], String::new), Some(1));
+        assert_eq!(t.id(0, &[1], String::new), Some(2));
         assert_eq!(t.id(0, &[2], String::new), None, "past the cap");
-        assert_eq!(t.id(0, &[1], String::new), Some(MAX_IDS), "known ids stay");
+        assert_eq!(t.id(0, &[1], String::new), Some(2), "known ids stay");
         t.finish();
         assert_eq!(t.id(1, &[1], String::new), None, "after the end");
     }

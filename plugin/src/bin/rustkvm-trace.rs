@@ -71,6 +71,10 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         },
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            eprintln!("rustkvm-trace: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("rustkvm-trace: {e}");
             ExitCode::FAILURE
