@@ -2011,7 +2011,9 @@ fn serial_until(
 
 /// CPU hotplug under rustkvm (guest `x86-hotplug`, QMP): a vCPU rustkvm
 /// refuses (`RUSTKVM_FAIL_VCPU_CREATE`) fails its `device_add` with
-/// rustkvm's error and QEMU goes on; a hot-added vCPU runs with steal time
+/// rustkvm's error and QEMU goes on; a CPU whose realize fails after
+/// rustkvm created its vCPU (`phys-bits=20`, `legacy-cache=off`) leaves
+/// neither that vCPU nor itself behind; a hot-added vCPU runs with steal time
 /// and a cycle counter's PMI armed; `device_del` and the guest's eject
 /// free it — rustkvm's vCPU (the same index is added again) and its PMU
 /// timer (which would fire on the freed CPU 20 ms later otherwise) — and
@@ -2079,6 +2081,41 @@ fn x86_cpu_hotplug_and_unplug_with_steal_time_and_an_armed_counter() {
     );
     let status = qmp.cmd("query-status", serde_json::json!({}));
     assert_eq!(status["return"]["status"], "running", "{status}");
+    // CPU 1 with properties x86_cpu_realizefn refuses only after
+    // cpu_exec_realizefn, when rustkvm's vCPU 1 exists (issue 46): an error,
+    // and nothing of the CPU left behind — not in the CPU list (which
+    // query-cpus-fast and x-query-rustkvm walk), not in rustkvm's registry
+    // (index 1 is taken below), no exit request on the freed CPU.
+    for (prop, value, want) in [
+        (
+            "phys-bits",
+            serde_json::json!(20),
+            "phys-bits should be between",
+        ),
+        (
+            "legacy-cache",
+            serde_json::json!(false),
+            "doesn't support legacy-cache=off",
+        ),
+    ] {
+        let mut args = slot(1);
+        args[prop] = value;
+        let failed = qmp.cmd("device_add", args);
+        let desc = failed["error"]["desc"].as_str().unwrap_or_default();
+        assert!(desc.contains(want), "{prop}: {failed}");
+        let cpus = qmp.cmd("query-cpus-fast", serde_json::json!({}));
+        assert_eq!(
+            cpus["return"].as_array().map(Vec::len),
+            Some(1),
+            "{prop}: the failed CPU is still listed: {cpus}"
+        );
+        let q = qmp.cmd("x-query-rustkvm", serde_json::json!({}));
+        assert_eq!(
+            q["return"]["vcpus"].as_array().map(Vec::len),
+            Some(1),
+            "{prop}: {q}"
+        );
+    }
     // CPU 1: added, the guest starts it.
     let added = qmp.cmd("device_add", slot(1));
     assert!(added.get("return").is_some(), "{added}");
