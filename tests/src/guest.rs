@@ -55,7 +55,11 @@
 //!   those configurations; any other skipped check fails the run. A guest
 //!   declared to SKIP may skip any check.
 //! - SELECTOR is `[ARCH:]BACKEND[/VARIANT]`, where BACKEND may be `*`
-//!   (every backend), e.g. `tcg`, `aarch64:tcg`, `*/icount`, `kvm`.
+//!   (every backend), e.g. `tcg`, `aarch64:tcg`, `*/icount`, `kvm`, or
+//!   `kvm-nested`: the kvm backend on real KVM inside a rustkvm L1
+//!   (`rustkvm-run --nested`, crate::nested), where KVM answers as on its
+//!   host (kvm_amd on an AMD CPU, L1's clocksource kvm-clock, not the TSC).
+//!   A `kvm` item names nested runs too; a `kvm-nested` one only them.
 //!
 //! A `kvm` run the runner SKIPs before booting — a host limit it detected
 //! (`kvm_skip` in `run.rs`) — is not the guest's outcome and needs no
@@ -108,6 +112,8 @@ pub struct Selector {
     pub backend: Option<Backend>,
     /// Only this variant.
     pub variant: Option<Variant>,
+    /// Only nested kvm runs (`kvm-nested`).
+    pub nested: bool,
 }
 
 impl Selector {
@@ -127,22 +133,29 @@ impl Selector {
             ),
             None => (rest, None),
         };
-        let backend = match backend {
-            "*" => None,
-            b => Some(Backend::from_name(b).ok_or_else(|| format!("unknown backend '{b}'"))?),
+        let (backend, nested) = match backend {
+            "*" => (None, false),
+            "kvm-nested" => (Some(Backend::Kvm), true),
+            b => (
+                Some(Backend::from_name(b).ok_or_else(|| format!("unknown backend '{b}'"))?),
+                false,
+            ),
         };
         Ok(Selector {
             arch,
             backend,
             variant,
+            nested,
         })
     }
 
-    /// Whether it names this configuration.
-    pub fn matches(&self, arch: Arch, backend: Backend, variant: Variant) -> bool {
+    /// Whether it names this configuration (`nested`: a kvm run nested in
+    /// a rustkvm L1).
+    pub fn matches(&self, arch: Arch, backend: Backend, variant: Variant, nested: bool) -> bool {
         self.arch.is_none_or(|a| a == arch)
             && self.backend.is_none_or(|b| b == backend)
             && self.variant.is_none_or(|v| v == variant)
+            && (nested || !self.nested)
     }
 }
 
@@ -313,17 +326,37 @@ impl GuestTest {
 
     /// The declared outcome on a configuration (PASS unless declared).
     pub fn expected(&self, arch: Arch, backend: Backend, variant: Variant) -> Expected {
+        self.expected_on(arch, backend, variant, false)
+    }
+
+    /// [`GuestTest::expected`], of a kvm run nested in a rustkvm L1 when
+    /// `nested`.
+    pub fn expected_on(
+        &self,
+        arch: Arch,
+        backend: Backend,
+        variant: Variant,
+        nested: bool,
+    ) -> Expected {
         self.expect
             .iter()
             .rev()
-            .find(|(s, _)| s.matches(arch, backend, variant))
+            .find(|(s, _)| s.matches(arch, backend, variant, nested))
             .map_or(Expected::Pass, |(_, e)| *e)
     }
 
-    /// Whether check `name` is declared skippable on a configuration.
-    pub fn may_skip(&self, name: &str, arch: Arch, backend: Backend, variant: Variant) -> bool {
+    /// Whether check `name` is declared skippable on a configuration
+    /// (`nested`: see [`GuestTest::expected_on`]).
+    pub fn may_skip(
+        &self,
+        name: &str,
+        arch: Arch,
+        backend: Backend,
+        variant: Variant,
+        nested: bool,
+    ) -> bool {
         self.expect_skip.iter().any(|(s, checks)| {
-            s.matches(arch, backend, variant) && checks.iter().any(|c| c == name)
+            s.matches(arch, backend, variant, nested) && checks.iter().any(|c| c == name)
         })
     }
 
@@ -470,9 +503,30 @@ mod tests {
             t.expected(a, Backend::Rustkvm, Variant::Icount),
             Expected::Pass
         );
-        assert!(t.may_skip("b", a, Backend::Tcg, Variant::RrSmp2));
-        assert!(!t.may_skip("b", a, Backend::Tcg, Variant::Default));
-        assert!(!t.may_skip("c", a, Backend::Tcg, Variant::RrSmp2));
+        assert!(t.may_skip("b", a, Backend::Tcg, Variant::RrSmp2, false));
+        assert!(!t.may_skip("b", a, Backend::Tcg, Variant::Default, false));
+        assert!(!t.may_skip("c", a, Backend::Tcg, Variant::RrSmp2, false));
+        let nested = GuestTest::parse(
+            "g",
+            "//! rustkvm-test: arch=x86_64\n//! rustkvm-expect: kvm-nested=skip\n//! rustkvm-expect-skip: kvm-nested c\n",
+        )
+        .unwrap();
+        let k = (x, Backend::Kvm, Variant::Default);
+        assert_eq!(nested.expected_on(k.0, k.1, k.2, true), Expected::Skip);
+        assert_eq!(
+            nested.expected_on(k.0, k.1, k.2, false),
+            Expected::Pass,
+            "kvm-nested names nested runs only"
+        );
+        assert_eq!(
+            t.expected_on(k.0, k.1, k.2, true),
+            Expected::Skip,
+            "a kvm item names nested runs too"
+        );
+        assert!(
+            nested.may_skip("c", k.0, k.1, k.2, true)
+                && !nested.may_skip("c", k.0, k.1, k.2, false)
+        );
         let plain = GuestTest::parse("g", "//! rustkvm-test: arch=x86_64").unwrap();
         assert_eq!(
             plain.expected(x, Backend::Tcg, Variant::Icount),

@@ -18,6 +18,7 @@ pub mod host;
 pub mod junit;
 pub mod linux;
 pub mod migrate;
+pub mod nested;
 pub mod qemu;
 pub mod qmp;
 pub mod report;

@@ -82,6 +82,44 @@ pub fn rows(tests: &[GuestTest], sel: &Selection) -> Vec<(GuestTest, Row)> {
         .collect()
 }
 
+/// [`run_matrix`] with the kvm backend's cells run nested
+/// ([`crate::nested`]): real KVM inside one rustkvm L1 per architecture.
+pub fn run_matrix_nested(
+    tests: &[GuestTest],
+    sel: &Selection,
+    mut progress: impl FnMut(&RunResult),
+) -> Result<Vec<RunResult>, HarnessError> {
+    let rest = Selection {
+        backends: sel
+            .backends
+            .iter()
+            .copied()
+            .filter(|b| *b != Backend::Kvm)
+            .collect(),
+        ..sel.clone()
+    };
+    let mut results = run_matrix(tests, &rest, &mut progress)?;
+    if !sel.backends.contains(&Backend::Kvm) {
+        return Ok(results);
+    }
+    let rows = rows(tests, sel);
+    for &arch in &sel.arches {
+        let cells: Vec<(&GuestTest, Variant)> = rows
+            .iter()
+            .filter(|(_, r)| r.arch == arch && r.variant.applies_to(Backend::Kvm))
+            .map(|(t, r)| (t, r.variant))
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
+        for r in crate::nested::run_nested(&cells, arch)? {
+            progress(&r);
+            results.push(r);
+        }
+    }
+    Ok(results)
+}
+
 /// Parse `i/n` (0-based shard index).
 pub fn parse_shard(s: &str) -> Result<(usize, usize), HarnessError> {
     let bad = || HarnessError::Usage(format!("--shard {s}: expected i/n with 0 <= i < n"));

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -210,6 +210,36 @@ pub fn run(
     run_with(test, arch, variant, backend, &RunOptions::default())
 }
 
+/// QEMU's arguments for `test` on `arch` in `variant` with `backend`,
+/// booting `kernel` (the guest's binary, where the QEMU that runs it sees
+/// it): what [`run_with`] runs, and the nested runner inside its L1.
+pub fn guest_args(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    backend: Backend,
+    opts: &RunOptions,
+    kernel: &Path,
+) -> Vec<String> {
+    let mut args = qemu::command_args(
+        arch,
+        backend,
+        variant,
+        test.smp,
+        test.cpu.as_deref(),
+        kernel,
+    );
+    if let Some(m) = &test.machine {
+        // command_args puts the machine right after "-M".
+        if let Some(i) = args.iter().position(|a| a == "-M") {
+            args[i + 1] = format!("{},{m}", args[i + 1]);
+        }
+    }
+    qemu::add_accel_opts(&mut args, &opts.accel_opts);
+    args.extend(opts.qemu_args.iter().cloned());
+    args
+}
+
 /// [`run`] with [`RunOptions`].
 pub fn run_with(
     test: &GuestTest,
@@ -242,22 +272,7 @@ pub fn run_with(
         Some(e) => e.clone(),
         None => qemu::emulator(arch)?,
     };
-    let mut args = qemu::command_args(
-        arch,
-        backend,
-        variant,
-        test.smp,
-        test.cpu.as_deref(),
-        &kernel,
-    );
-    if let Some(m) = &test.machine {
-        // command_args puts the machine right after "-M".
-        if let Some(i) = args.iter().position(|a| a == "-M") {
-            args[i + 1] = format!("{},{m}", args[i + 1]);
-        }
-    }
-    qemu::add_accel_opts(&mut args, &opts.accel_opts);
-    args.extend(opts.qemu_args.iter().cloned());
+    let args = guest_args(test, arch, variant, backend, opts, &kernel);
     let start = Instant::now();
     let mut cmd = match opts.pin_cpu {
         Some(cpu) => {
@@ -573,9 +588,22 @@ pub fn hold_to_declaration(
     arch: Arch,
     variant: Variant,
     backend: Backend,
+    outcome: Outcome,
+) -> Outcome {
+    hold_to_declaration_on(test, arch, variant, backend, false, outcome)
+}
+
+/// [`hold_to_declaration`], for a kvm run nested in a rustkvm L1 when
+/// `nested` (its `kvm-nested` declarations apply too).
+pub fn hold_to_declaration_on(
+    test: &GuestTest,
+    arch: Arch,
+    variant: Variant,
+    backend: Backend,
+    nested: bool,
     mut outcome: Outcome,
 ) -> Outcome {
-    let expected = test.expected(arch, backend, variant);
+    let expected = test.expected_on(arch, backend, variant, nested);
     let verdict = match (&outcome.status, expected) {
         (Status::Fail(_), _) => None,
         (Status::Skip(why), Expected::Pass) => {
@@ -588,7 +616,7 @@ pub fn hold_to_declaration(
         (Status::Pass, Expected::Pass) => outcome
             .skipped_checks
             .iter()
-            .find(|(name, _)| !test.may_skip(name, arch, backend, variant))
+            .find(|(name, _)| !test.may_skip(name, arch, backend, variant, nested))
             .map(|(name, why)| {
                 format!("check {name} skipped ({why}), not declared in rustkvm-expect-skip")
             }),

@@ -19,14 +19,14 @@ use rustkvm_tests::{guest, Arch, Backend, HarnessError, RunResult, Variant};
 /// Where `--junit` writes, if asked.
 type JunitPath = Option<std::path::PathBuf>;
 
-fn parse_args() -> Result<(Selection, bool, bool, JunitPath), HarnessError> {
+fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError> {
     let mut sel = Selection {
         arches: Vec::new(),
         backends: Vec::new(),
         variants: Vec::new(),
         ..Selection::default()
     };
-    let (mut tap, mut quiet) = (false, false);
+    let (mut tap, mut quiet, mut nested) = (false, false, false);
     let mut junit = None;
     let mut args = std::env::args().skip(1);
     let usage = |m: String| HarnessError::Usage(m);
@@ -62,8 +62,9 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath), HarnessError> {
             "--tap" => tap = true,
             "--junit" => junit = Some(std::path::PathBuf::from(value("--junit")?)),
             "--quiet" => quiet = true,
+            "--nested" => nested = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [FILTER]");
+                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [--nested] [FILTER]\n  --nested: the kvm backend on real KVM (Linux's kvm_amd) inside one rustkvm L1 per architecture (x86_64 so far)");
                 std::process::exit(0);
             }
             f if !f.starts_with('-') && sel.filter.is_none() => sel.filter = Some(f.to_string()),
@@ -79,7 +80,12 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath), HarnessError> {
     if sel.variants.is_empty() {
         sel.variants = Variant::ALL.to_vec();
     }
-    Ok((sel, tap, quiet, junit))
+    if nested && !sel.backends.is_empty() && !sel.backends.contains(&Backend::Kvm) {
+        return Err(usage(
+            "--nested runs the kvm backend: add --backend kvm".into(),
+        ));
+    }
+    Ok((sel, tap, quiet, junit, nested))
 }
 
 fn main() -> ExitCode {
@@ -93,9 +99,9 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> Result<ExitCode, HarnessError> {
-    let (sel, tap, quiet, junit) = parse_args()?;
+    let (sel, tap, quiet, junit, nested) = parse_args()?;
     let tests = guest::discover()?;
-    let results = report::run_matrix(&tests, &sel, |r| {
+    let progress = |r: &RunResult| {
         if !quiet && !tap {
             eprintln!(
                 "{:10} {:8} {:11} {:8} {}",
@@ -106,7 +112,12 @@ fn real_main() -> Result<ExitCode, HarnessError> {
                 r.outcome.status.label()
             );
         }
-    })?;
+    };
+    let results = if nested {
+        report::run_matrix_nested(&tests, &sel, progress)?
+    } else {
+        report::run_matrix(&tests, &sel, progress)?
+    };
     if let Some(path) = &junit {
         let cases: Vec<_> = results
             .iter()

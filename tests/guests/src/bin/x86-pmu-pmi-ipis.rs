@@ -1,5 +1,8 @@
 //! rustkvm-test: arch=x86_64 smp=2 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu timeout=120 vary=ipis-sent
-//! rustkvm-expect: tcg=skip
+//! rustkvm-expect: tcg=skip kvm-nested=skip
+//! (kvm-nested: an Intel-vendor PMU on an AMD host's KVM, which zeroes CPUID
+//! 0xA where the host CPU has no ARCH_PERFMON: arch/x86/kvm/cpuid.c,
+//! __do_cpuid_func, case 0xa.)
 //!   (stock TCG has no x86 PMU)
 //!
 //! A PMI has zero skid however busy the local APIC is: while the

@@ -1,5 +1,8 @@
 //! rustkvm-test: arch=x86_64 smp=8 cpu=qemu64,vendor=GenuineIntel,pmu=on compare=off needs=pmu timeout=120
-//! rustkvm-expect: tcg=skip
+//! rustkvm-expect: tcg=skip kvm-nested=skip
+//! (kvm-nested: an Intel-vendor PMU on an AMD host's KVM, which zeroes CPUID
+//! 0xA where the host CPU has no ARCH_PERFMON: arch/x86/kvm/cpuid.c,
+//! __do_cpuid_func, case 0xa.)
 //!   (stock TCG has no x86 PMU)
 //!
 //! Eight vCPUs, each with its own PMU (KVM's PMU is per vCPU): every vCPU
