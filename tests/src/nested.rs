@@ -99,7 +99,10 @@ fn modules_dir(arch: Arch) -> Result<PathBuf, HarnessError> {
         .filter_map(Result::ok)
         .map(|e| e.path())
         .find(|p| p.join("modules.dep").is_file())
-        .ok_or_else(|| HarnessError::NotBuilt(base, "scripts/build-linux-guests.sh"))
+        .ok_or(HarnessError::NotBuilt(
+            base,
+            "scripts/build-linux-guests.sh",
+        ))
 }
 
 /// `module` and what it depends on (modules.dep), in load order.

@@ -51,5 +51,9 @@ fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
         .iter()
         .filter(|r| r.outcome.status == Status::Pass)
         .count();
-    assert_eq!(passed, SUBSET.len() - 1, "only x86-pmu is declared SKIP here");
+    assert_eq!(
+        passed,
+        SUBSET.len() - 1,
+        "only x86-pmu is declared SKIP here"
+    );
 }
