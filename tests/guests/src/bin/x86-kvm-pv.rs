@@ -121,8 +121,13 @@ fn main(t: &mut Test) {
     let host_clock_not_tsc =
         guest::backend() == Some(guest::Backend::Kvm) && paired == Ok(EOPNOTSUPP);
     if host_clock_not_tsc {
-        const WHY: &str = "KVM_HC_CLOCK_PAIRING: -KVM_EOPNOTSUPP, the host's clocksource is not the TSC";
-        for name in ["clock-pairing", "clock-pairing-values", "clock-pairing-not-ram"] {
+        const WHY: &str =
+            "KVM_HC_CLOCK_PAIRING: -KVM_EOPNOTSUPP, the host's clocksource is not the TSC";
+        for name in [
+            "clock-pairing",
+            "clock-pairing-values",
+            "clock-pairing-not-ram",
+        ] {
             t.skip(name, WHY);
         }
     } else {
