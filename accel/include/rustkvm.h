@@ -284,6 +284,12 @@ void rustkvm_x86_cpuid_tsc(RustkvmVcpu *vcpu, uint32_t leaf, uint32_t regs[4]);
 uint32_t rustkvm_x86_rdmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t *value);
 /** WRMSR `index` = value: HANDLED consumes it, FAULT raises #GP(0). */
 uint32_t rustkvm_x86_wrmsr(RustkvmVcpu *vcpu, uint32_t index, uint64_t value);
+/**
+ * The vCPU entered (VMRUN) or left (#VMEXIT) SVM guest mode, with EFER.SVME
+ * `svme`: an AMD PMU with RUSTKVM_PMU_SVM counts HostOnly/GuestOnly
+ * counters by it. Call on the vCPU's thread.
+ */
+void rustkvm_x86_svm_mode(RustkvmVcpu *vcpu, bool svme, bool guest);
 /** RDPMC with ECX = ecx, after the CR4.PCE/CPL check: HANDLED fills *value. */
 uint32_t rustkvm_x86_rdpmc(RustkvmVcpu *vcpu, uint32_t ecx, uint64_t *value);
 
@@ -507,6 +513,12 @@ typedef struct RustkvmCounting {
  * 4 with the baseline (the vCPU's CPUID has DS and DTES64).
  */
 #define RUSTKVM_PMU_PEBS 0x1000u
+/**
+ * Or'ed to RUSTKVM_PMU_AMD: the vCPU has SVM (0x80000001 ECX[2]): event
+ * selects keep HostOnly/GuestOnly (bits 41, 40), counted against SVM guest
+ * mode (rustkvm_x86_svm_mode()), for a hypervisor in the guest.
+ */
+#define RUSTKVM_PMU_SVM 0x2000u
 
 /** The vCPU's state a PEBS record is made of, at an instruction boundary. */
 typedef struct RustkvmX86PebsSample {

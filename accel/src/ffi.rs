@@ -726,6 +726,19 @@ pub unsafe extern "C" fn rustkvm_x86_wrmsr(vcpu: *mut RustkvmVcpu, index: u32, v
     }
 }
 
+/// SVM guest mode entered or left (VMRUN, #VMEXIT), EFER.SVME `svme`:
+/// the PMU's HostOnly/GuestOnly counters follow.
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_x86_svm_mode(vcpu: *mut RustkvmVcpu, svme: bool, guest: bool) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { x86_ref(vcpu) } {
+        v.svm_mode(svme, guest);
+    }
+}
+
 /// RDPMC routing point.
 ///
 /// # Safety
@@ -1120,6 +1133,7 @@ const _: () = {
     assert!(header::RUSTKVM_PMU_PERFMON_V2 == crate::x86::vcpu::PMU_PERFMON_V2);
     assert!(header::RUSTKVM_PMU_LBR == crate::x86::vcpu::PMU_LBR);
     assert!(header::RUSTKVM_PMU_PEBS == crate::x86::vcpu::PMU_PEBS);
+    assert!(header::RUSTKVM_PMU_SVM == crate::x86::vcpu::PMU_SVM);
     assert!(offset_of!(C, pebs_due) == offset_of!(Counting, pebs_due));
     assert!(offset_of!(C, acc) == offset_of!(Counting, acc));
     assert!(offset_of!(C, acc_armed) == offset_of!(Counting, acc_armed));

@@ -59,6 +59,7 @@ pub const RUSTKVM_LBR_NEAR_IND_JMP: u32 = 5;
 pub const RUSTKVM_LBR_NEAR_REL_JMP: u32 = 6;
 pub const RUSTKVM_LBR_FAR: u32 = 7;
 pub const RUSTKVM_PMU_PEBS: u32 = 4096;
+pub const RUSTKVM_PMU_SVM: u32 = 8192;
 pub const RUSTKVM_LBR_DEPTH: u32 = 32;
 pub const RUSTKVM_LBR_FORMAT: u32 = 5;
 pub const RUSTKVM_HC_NONE: u32 = 0;
@@ -288,6 +289,10 @@ unsafe extern "C" {
 unsafe extern "C" {
     #[doc = " WRMSR `index` = value: HANDLED consumes it, FAULT raises #GP(0)."]
     pub fn rustkvm_x86_wrmsr(vcpu: *mut RustkvmVcpu, index: u32, value: u64) -> u32;
+}
+unsafe extern "C" {
+    #[doc = " The vCPU entered (VMRUN) or left (#VMEXIT) SVM guest mode, with EFER.SVME\n `svme`: an AMD PMU with RUSTKVM_PMU_SVM counts HostOnly/GuestOnly\n counters by it. Call on the vCPU's thread."]
+    pub fn rustkvm_x86_svm_mode(vcpu: *mut RustkvmVcpu, svme: bool, guest: bool);
 }
 unsafe extern "C" {
     #[doc = " RDPMC with ECX = ecx, after the CR4.PCE/CPL check: HANDLED fills *value."]

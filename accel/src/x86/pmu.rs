@@ -82,6 +82,13 @@ pub const MSR_AMD64_GLOBAL_STATUS_SET: u32 = 0xc000_0303;
 /// Bits KVM drops from AMD event-select writes (`amd_pmu_refresh`:
 /// `reserved_bits`; bits 19, 21 and 36–63, so also HostOnly/GuestOnly).
 pub const AMD_EVTSEL_RESERVED: u64 = 0xffff_fff0_0028_0000;
+/// AMD PerfEvtSeln bit 40, GuestOnly: with EFER.SVME, count only in SVM
+/// guest mode (AMD APM vol. 2 §13.2.4 and vol. 3 PerfEvtSeln "HG_ONLY";
+/// Linux `AMD64_EVENTSEL_GUESTONLY`).
+pub const AMD_EVTSEL_GUESTONLY: u64 = 1 << 40;
+/// AMD PerfEvtSeln bit 41, HostOnly: with EFER.SVME, count only outside
+/// SVM guest mode (`AMD64_EVENTSEL_HOSTONLY`).
+pub const AMD_EVTSEL_HOSTONLY: u64 = 1 << 41;
 /// Most GP counters an AMD PMU has (KVM_MAX_NR_AMD_GP_COUNTERS).
 pub const MAX_AMD_GP: usize = 6;
 
@@ -478,6 +485,36 @@ pub struct PmuConfig {
     /// Intel with PERF_CAPABILITIES: PEBS format 4 with the baseline
     /// (`x86::pebs`).
     pub pebs: bool,
+    /// AMD with SVM (CPUID 0x80000001 ECX bit 2): the event selects keep
+    /// HostOnly/GuestOnly and count as the hardware does against SVM guest
+    /// mode ([`SvmMode`]), for a hypervisor in the guest (nested KVM
+    /// programs GuestOnly for its guests' counters). KVM 6.12 drops the two
+    /// bits for every guest (`amd_pmu_refresh`'s `reserved_bits`); without
+    /// SVM, so does rustkvm.
+    pub host_guest: bool,
+}
+
+/// Where an AMD vCPU with SVM runs, for HostOnly/GuestOnly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SvmMode {
+    /// EFER.SVME.
+    pub svme: bool,
+    /// In SVM guest mode (between VMRUN and #VMEXIT).
+    pub guest: bool,
+}
+
+impl SvmMode {
+    /// Whether an AMD event select with these HostOnly/GuestOnly bits
+    /// counts now: both clear or both set count in both modes; one alone
+    /// counts in its mode, and nowhere while EFER.SVME is clear (Linux's
+    /// `amd_pmu_disable_virt`: "the counter will not count anything").
+    pub fn counts(self, sel: u64) -> bool {
+        match sel & (AMD_EVTSEL_HOSTONLY | AMD_EVTSEL_GUESTONLY) {
+            AMD_EVTSEL_GUESTONLY => self.svme && self.guest,
+            AMD_EVTSEL_HOSTONLY => self.svme && !self.guest,
+            _ => true,
+        }
+    }
 }
 
 impl PmuConfig {
@@ -490,6 +527,7 @@ impl PmuConfig {
         perfctr_core: false,
         lbr_format: 0,
         pebs: false,
+        host_guest: false,
     };
     /// KVM's default Intel PMU: version 2, 4 GP counters, full-width writes.
     pub const DEFAULT: PmuConfig = PmuConfig {
@@ -500,6 +538,7 @@ impl PmuConfig {
         perfctr_core: false,
         lbr_format: 0,
         pebs: false,
+        host_guest: false,
     };
 
     /// KVM's AMD PMU for a CPU with PerfCtrExtCore (`perfctr_core`) and
@@ -520,6 +559,17 @@ impl PmuConfig {
             perfctr_core,
             lbr_format: 0,
             pebs: false,
+            host_guest: false,
+        }
+    }
+
+    /// AMD: the event select bits a write drops (KVM's `reserved_bits`,
+    /// less HostOnly/GuestOnly with [`PmuConfig::host_guest`]).
+    fn amd_evtsel_reserved(self) -> u64 {
+        if self.host_guest {
+            AMD_EVTSEL_RESERVED & !(AMD_EVTSEL_HOSTONLY | AMD_EVTSEL_GUESTONLY)
+        } else {
+            AMD_EVTSEL_RESERVED
         }
     }
 
@@ -656,6 +706,8 @@ pub struct Pmu {
     /// [`Pmu::take_pebs_overflows`] (GLOBAL_CTRL order): each owes a record
     /// instead of a status bit and a PMI.
     pebs_pending: u64,
+    /// With `config.host_guest`: where the vCPU runs ([`Pmu::set_svm`]).
+    svm: SvmMode,
 }
 
 /// See [`Pmu::live`].
@@ -745,6 +797,26 @@ impl Pmu {
         self.live = live;
     }
 
+    /// The vCPU entered or left SVM guest mode, or set or cleared
+    /// EFER.SVME, with the events `ev` now: the counters catch up, then
+    /// count (or not) by their HostOnly/GuestOnly bits in `mode`. The PMI
+    /// bits of overflows found. Nothing without `config.host_guest`.
+    pub fn set_svm(&mut self, mode: SvmMode, ev: &Events) -> u64 {
+        if !self.config.host_guest || mode == self.svm {
+            return 0;
+        }
+        let pmi = self.sync(ev);
+        self.svm = mode;
+        let gp = (1u64 << self.config.gp()) - 1;
+        self.refresh_some(gp);
+        for w in self.live().filter(|w| w.bit() & gp != 0) {
+            if let Some(k) = self.counting(w) {
+                self.counter_mut(w).base = ev.total(k.event, k.filter);
+            }
+        }
+        pmi
+    }
+
     /// The counters counting now.
     fn live(&self) -> impl Iterator<Item = Which> + use<> {
         bits(self.live.all)
@@ -789,7 +861,7 @@ impl Pmu {
         s.global_status = r.global_status & cfg.global_ctrl_mask();
         for i in 0..cfg.gp() {
             if cfg.vendor == Vendor::Amd {
-                s.evtsel[i] = r.evtsel[i] & !AMD_EVTSEL_RESERVED;
+                s.evtsel[i] = r.evtsel[i] & !cfg.amd_evtsel_reserved();
             } else if r.evtsel[i] & cfg.evtsel_reserved() == 0 {
                 s.evtsel[i] = r.evtsel[i];
             }
@@ -830,6 +902,7 @@ impl Pmu {
                 config.fixed() as u8,
             ),
             pebs_pending: 0,
+            svm: SvmMode::default(),
         }
     }
 
@@ -850,6 +923,9 @@ impl Pmu {
                 // rustkvm does not model: such a counter does not count.
                 if sel & evtsel::EN == 0 || sel & (evtsel::EDGE | evtsel::INV | evtsel::CMASK) != 0
                 {
+                    return None;
+                }
+                if self.config.host_guest && !self.svm.counts(sel) {
                     return None;
                 }
                 let event = match self.config.vendor {
@@ -1371,7 +1447,7 @@ impl Pmu {
                 return Ok(pmi);
             }
             AmdMsr::Select(i) => {
-                self.state.evtsel[i] = value & !AMD_EVTSEL_RESERVED;
+                self.state.evtsel[i] = value & !self.config.amd_evtsel_reserved();
                 Which::Gp(i).bit()
             }
             AmdMsr::GlobalStatus => return Ok(pmi),
@@ -1903,6 +1979,69 @@ mod tests {
         assert_eq!(q.config.gp(), 4);
         assert_eq!(q.read_msr(0xc001_0200, &e0), None);
         assert_eq!(q.read_msr(0xc001_0007, &e0), Some(0));
+    }
+
+    /// With SVM (a hypervisor in the guest): GuestOnly counts only between
+    /// VMRUN and #VMEXIT, HostOnly only outside, both or neither always,
+    /// one alone nothing while EFER.SVME is clear; without SVM both bits
+    /// drop, as KVM drops them.
+    #[test]
+    fn amd_host_only_and_guest_only_follow_svm_guest_mode() {
+        let mut p = Pmu::new(PmuConfig {
+            host_guest: true,
+            ..PmuConfig::amd(true, false, 0)
+        });
+        let base = evtsel::EN | evtsel::USR | evtsel::OS | 0xc0;
+        let e0 = ev(1000, 0);
+        let on = SvmMode {
+            svme: true,
+            guest: false,
+        };
+        p.set_svm(on, &e0);
+        let sels = [
+            base | AMD_EVTSEL_GUESTONLY,
+            base | AMD_EVTSEL_HOSTONLY,
+            base | AMD_EVTSEL_GUESTONLY | AMD_EVTSEL_HOSTONLY,
+            base,
+        ];
+        for (i, sel) in sels.iter().enumerate() {
+            p.write_msr(0xc001_0200 + 2 * i as u32, *sel, &e0).unwrap();
+            assert_eq!(
+                p.read_msr(0xc001_0200 + 2 * i as u32, &e0),
+                Some(*sel),
+                "kept"
+            );
+        }
+        let ctr = |p: &Pmu, i: u32, e: &Events| p.read_msr(0xc001_0201 + 2 * i, e).unwrap();
+        // 10 in the host, then VMRUN, 20 in the guest, #VMEXIT, 5 in the host.
+        let e1 = ev(1010, 0);
+        p.set_svm(SvmMode { guest: true, ..on }, &e1);
+        let e2 = ev(1030, 0);
+        p.set_svm(on, &e2);
+        let e3 = ev(1035, 0);
+        let got: Vec<u64> = (0..4).map(|i| ctr(&p, i, &e3)).collect();
+        assert_eq!(got, [20, 15, 35, 35], "GuestOnly, HostOnly, both, neither");
+        // EFER.SVME clear: one bit alone counts nothing.
+        p.set_svm(SvmMode::default(), &e3);
+        let e4 = ev(1045, 0);
+        let got: Vec<u64> = (0..4).map(|i| ctr(&p, i, &e4)).collect();
+        assert_eq!(got, [20, 15, 45, 45]);
+        // Without SVM: KVM's answer, the bits drop and the counter counts.
+        let mut q = Pmu::new(PmuConfig::amd(true, false, 0));
+        q.write_msr(0xc001_0200, base | AMD_EVTSEL_GUESTONLY, &e0)
+            .unwrap();
+        assert_eq!(q.read_msr(0xc001_0200, &e0), Some(base));
+        assert_eq!(
+            q.set_svm(
+                SvmMode {
+                    svme: true,
+                    guest: true
+                },
+                &e1
+            ),
+            0
+        );
+        assert_eq!(q.read_msr(0xc001_0201, &e1), Some(10));
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub const PMU_LBR: u32 = 0x800;
 /// Intel with PDCM, DS and DTES64: PEBS format 4 with the baseline
 /// (`x86::pebs`).
 pub const PMU_PEBS: u32 = 0x1000;
+/// AMD with SVM (CPUID 0x80000001 ECX bit 2): event selects keep and honour
+/// HostOnly/GuestOnly (`PmuConfig::host_guest`).
+pub const PMU_SVM: u32 = 0x2000;
 
 /// An x86 vCPU's state under its lock: steal time, the TSC and kvmclock,
 /// poll control, PV EOI.
@@ -429,6 +432,21 @@ impl<'a> X86<'a> {
         })
     }
 
+    /// The vCPU entered or left SVM guest mode (VMRUN, #VMEXIT), with
+    /// EFER.SVME `svme`: counters with HostOnly/GuestOnly start or stop
+    /// (`Pmu::set_svm`).
+    pub fn svm_mode(&self, svme: bool, guest: bool) {
+        let (shared, routes) = (self.shared(), self.routes());
+        self.local(|l| {
+            if !l.pmu.config.host_guest {
+                return;
+            }
+            let ev = l.events(shared, l.pmu.counts_cycles());
+            let pmi = l.pmu.set_svm(pmu::SvmMode { svme, guest }, &ev);
+            l.publish(shared, &ev, pmi, routes);
+        });
+    }
+
     /// WRMSR.
     pub fn wrmsr(&self, index: u32, value: u64) -> Route<()> {
         bump(&self.routes().wrmsr);
@@ -698,7 +716,10 @@ impl<'a> X86<'a> {
             }
         } else if pmu & 0xff == PMU_AMD {
             let gp = if n == 0 { pmu::MAX_AMD_GP as u8 } else { n };
-            PmuConfig::amd(pmu & PMU_PERFCTR_CORE != 0, pmu & PMU_PERFMON_V2 != 0, gp)
+            PmuConfig {
+                host_guest: pmu & PMU_SVM != 0,
+                ..PmuConfig::amd(pmu & PMU_PERFCTR_CORE != 0, pmu & PMU_PERFMON_V2 != 0, gp)
+            }
         } else {
             PmuConfig::OFF
         };
