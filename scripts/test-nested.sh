@@ -12,5 +12,11 @@ cd "$RUSTKVM_ROOT"
 bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
 step "cargo build the runner"
 cargo build --quiet -p rustkvm-tests --bin rustkvm-run || die "building rustkvm-run failed"
+status=0
+if [ -z "${1:-}" ]; then
+    step "the nested subset (cargo test --test nested -- --ignored)"
+    cargo test --quiet -p rustkvm-tests --test nested -- --ignored || status=1
+fi
 step "rustkvm-run --arch x86_64 --backend kvm --nested ${1:-}"
-exec "$RUSTKVM_ROOT/target/debug/rustkvm-run" --arch x86_64 --backend kvm --nested ${1:+"$1"}
+"$RUSTKVM_ROOT/target/debug/rustkvm-run" --arch x86_64 --backend kvm --nested ${1:+"$1"} || status=1
+exit "$status"

@@ -727,7 +727,8 @@ pub unsafe extern "C" fn rustkvm_x86_wrmsr(vcpu: *mut RustkvmVcpu, index: u32, v
 }
 
 /// SVM guest mode entered or left (VMRUN, #VMEXIT), EFER.SVME `svme`:
-/// the PMU's HostOnly/GuestOnly counters follow.
+/// the PMU's HostOnly/GuestOnly counters follow. On the vCPU's thread, or
+/// while the vCPU is stopped (a migration's load).
 ///
 /// # Safety
 /// `vcpu` is NULL or a live handle.

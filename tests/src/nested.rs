@@ -162,13 +162,15 @@ fn script(arch: Arch, modules: &[String], jobs: &[Job]) -> String {
     s += "[ -c /dev/kvm ] && echo \"===NESTED-L1 kvm ready at $(up)===\" \
           || echo \"===NESTED-L1 no /dev/kvm===\"\n";
     // A job: QEMU in the background, a watchdog that kills it after its
-    // time (and says so: an x86 guest's exit status can be any odd
-    // number, so the status alone cannot tell).
+    // time (and says so first: an x86 guest's exit status can be any odd
+    // number, so the status alone cannot tell; a guest that exits as the
+    // watchdog fires is timed out only if SIGKILL ended it).
     s += &format!(
         "job() {{ label=$1; t=$2; shift 2; start=$(up); rm -f /tmp/timedout; \
          {L1_ROOT}/qemu -L {L1_ROOT}/fw \"$@\" </dev/null >/tmp/out 2>/tmp/err & pid=$!; \
-         ( sleep \"$t\"; kill -KILL $pid 2>/dev/null && : > /tmp/timedout ) & w=$!; \
-         wait $pid; rc=$?; kill $w 2>/dev/null; to=0; [ -e /tmp/timedout ] && to=1; \
+         ( sleep \"$t\"; : > /tmp/timedout; kill -KILL $pid 2>/dev/null ) & w=$!; \
+         wait $pid; rc=$?; kill $w 2>/dev/null; to=0; \
+         [ -e /tmp/timedout ] && [ $rc -eq 137 ] && to=1; \
          echo \"===NESTED-BEGIN $label rc=$rc timedout=$to start=$start end=$(up)===\"; cat /tmp/out; \
          echo \"===NESTED-STDERR===\"; cat /tmp/err; echo \"===NESTED-END===\"; }}\n"
     );

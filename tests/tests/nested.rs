@@ -1,7 +1,12 @@
 //! The kvm column for real: bundled guests on Linux's own KVM (kvm_amd)
 //! inside a rustkvm L1 (`rustkvm_tests::nested`, one L1 boot), each held to
 //! its declared kvm (and kvm-nested) outcome. scripts/test-nested.sh runs
-//! every guest this way.
+//! it and every guest this way.
+//!
+//! Not in the test command yet: on a loaded machine a nested guest
+//! sometimes never starts (no serial output until its watchdog: 2 runs in 8
+//! with CI running beside it; docs/nested.md, issue 47). A test that
+//! fails by luck is not one we trust; it joins once that is fixed.
 
 use rustkvm_tests::{guest, nested, run::Status, Arch, Variant};
 
@@ -23,6 +28,7 @@ const SUBSET: &[&str] = &[
 ];
 
 #[test]
+#[ignore = "a nested guest sometimes never starts on a loaded machine (issue 47): run by scripts/test-nested.sh"]
 fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
     let tests = guest::discover().expect("guests");
     let cells: Vec<(&guest::GuestTest, Variant)> = SUBSET

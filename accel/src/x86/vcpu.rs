@@ -441,7 +441,9 @@ impl<'a> X86<'a> {
             if !l.pmu.config.host_guest {
                 return;
             }
-            let ev = l.events(shared, l.pmu.counts_cycles());
+            // With the cycles: a cycle counter may start counting here,
+            // and its base must be the cycles now.
+            let ev = l.events(shared, true);
             let pmi = l.pmu.set_svm(pmu::SvmMode { svme, guest }, &ev);
             l.publish(shared, &ev, pmi, routes);
         });
@@ -729,8 +731,11 @@ impl<'a> X86<'a> {
                 // INIT: the PMU keeps its registers and goes on counting
                 // (KVM has no PMU reset on INIT); tell the engine again
                 // what it needs, as QEMU's reset stopped counting blocks.
-                let ev = l.events(shared, l.pmu.counts_cycles());
-                l.publish(shared, &ev, 0, routes);
+                // INIT clears EFER and leaves SVM guest mode: HostOnly and
+                // GuestOnly counters stop (QEMU's do_cpu_init).
+                let ev = l.events(shared, true);
+                let pmi = l.pmu.set_svm(pmu::SvmMode::default(), &ev);
+                l.publish(shared, &ev, pmi, routes);
                 return;
             }
             *l = X86Local {

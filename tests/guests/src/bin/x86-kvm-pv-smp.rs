@@ -113,13 +113,24 @@ fn main(t: &mut Test) {
     // a hang guard).
     let ran = wait(|| get(addr_of!(AP_COUNTER)) != start);
     t.check("ap-ran", ran, format_args!(""));
-    // SAFETY: volatile reads of memory the host writes.
-    let (version, steal) = unsafe {
-        (
-            addr_of!(AP_ST.version).read_volatile(),
-            addr_of!(AP_ST.steal).read_volatile(),
-        )
-    };
+    // Read as a guest reads the structure (a seqlock): the host may be
+    // writing the AP's structure as we read it from here, so retry while
+    // the version is odd or moved (bounded).
+    let (mut version, mut steal) = (0, 0);
+    for _ in 0..10_000 {
+        // SAFETY: volatile reads of memory the host writes.
+        let (v1, s, v2) = unsafe {
+            (
+                addr_of!(AP_ST.version).read_volatile(),
+                addr_of!(AP_ST.steal).read_volatile(),
+                addr_of!(AP_ST.version).read_volatile(),
+            )
+        };
+        (version, steal) = (v1, s);
+        if v1 == v2 && v1 % 2 == 0 {
+            break;
+        }
+    }
     t.check(
         "ap-steal-version-even",
         version >= 2 && version % 2 == 0,

@@ -6,8 +6,9 @@
 //! §13.2; Linux `arch/x86/kvm/svm/pmu.c`, `pmu.c`), counted exactly: the
 //! legacy K7 MSRs and, with PerfCtrExtCore, the interleaved 0xC0010200 ones
 //! aliasing them; retired instructions (C0H) and branches (C2H) of known
-//! code; RDPMC 0..N-1 and #GP beyond; event-select reserved bits (HostOnly,
-//! GuestOnly, ...) dropped, not faulting; with PerfMonV2 the global control
+//! code; RDPMC 0..N-1 and #GP beyond; event-select reserved bits dropped,
+//! not faulting (HostOnly/GuestOnly too under KVM; under rustkvm a vCPU with
+//! SVM keeps them and they count as on the hardware); with PerfMonV2 the global control
 //! gating counting and the status registers as KVM's `kvm_pmu_set_msr`
 //! (STATUS ignoring guest writes without #GP, STATUS_SET setting bits and
 //! reading 0, STATUS_CLR clearing); an overflow with INT raises exactly one
@@ -48,7 +49,8 @@ mod amd {
     /// Retired instructions, retired branch instructions.
     const INSNS: u64 = 0xc0;
     const BRANCHES: u64 = 0xc2;
-    /// GuestOnly (bit 40): reserved for a KVM guest.
+    /// GuestOnly (bit 40), HostOnly (41): dropped by KVM for its guests,
+    /// kept and honoured by rustkvm for a vCPU with SVM.
     const GUEST_ONLY: u64 = 1 << 40;
     const HOST_ONLY: u64 = 1 << 41;
 
@@ -177,6 +179,8 @@ mod amd {
                 (false, GUEST_ONLY | HOST_ONLY, 205),
                 (true, GUEST_ONLY, 0),
                 (true, HOST_ONLY, 205),
+                (true, GUEST_ONLY | HOST_ONLY, 205),
+                (true, 0, 205),
             ] {
                 wr(EFER, if svme { efer | SVME } else { efer & !SVME });
                 let sel = EN | OS | USR | INSNS | bits;
