@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::boot::{self, BootSpec};
 use crate::guest::GuestTest;
-use crate::linux::{self, Config, Images, PmuModel, Workload};
+use crate::linux::{self, Config, Images};
 use crate::run::{self, Outcome, RunOptions, RunResult, Status};
 use crate::{qemu, Arch, Backend, HarnessError, Variant};
 
@@ -363,17 +363,7 @@ fn run_in(
         run: script(arch, &modules, &jobs),
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
-    let config = Config {
-        arch,
-        backend: Backend::Rustkvm,
-        smp: 2,
-        single_thread: false,
-        icount: false,
-        pin_cpu: None,
-        workload: Workload::Probe,
-        soak_s: 0,
-        pmu: PmuModel::Default,
-    };
+    let config = Config::new(arch, Backend::Rustkvm, 2);
     let budget: Duration = jobs
         .iter()
         .map(|j| j.test.timeout * run::timeout_scale() + Duration::from_secs(10))
