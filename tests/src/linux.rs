@@ -54,6 +54,9 @@ pub struct Config {
     pub soak_s: u32,
     /// x86: which PMU the guest's CPU has.
     pub pmu: PmuModel,
+    /// kvm only: on Linux's own KVM inside a rustkvm L1
+    /// ([`crate::nested`]), not on this host's KVM.
+    pub nested: bool,
 }
 
 /// x86: the CPU model, for its PMU.
@@ -160,10 +163,11 @@ impl Config {
             workload: Workload::Probe,
             soak_s: 0,
             pmu: PmuModel::Default,
+            nested: false,
         }
     }
 
-    /// `arch/backend[,thread=single|,icount][,taskset=N][,pmu=M]/smpN`.
+    /// `arch/backend[,nested][,thread=single|,icount][,taskset=N][,pmu=M]/smpN`.
     pub fn label(&self) -> String {
         let thread = match (self.single_thread, self.icount) {
             (_, true) => ",icount",
@@ -178,8 +182,9 @@ impl Config {
             PmuModel::Default => String::new(),
             m => format!(",pmu={}", m.name()),
         };
+        let nested = if self.nested { ",nested" } else { "" };
         format!(
-            "{}/{}{thread}{pmu}/smp{}",
+            "{}/{}{nested}{thread}{pmu}/smp{}",
             self.arch, self.backend, self.smp
         )
     }
@@ -228,6 +233,17 @@ pub enum Outcome {
     Skip(String),
     /// Something went wrong, and what.
     Error(String),
+}
+
+impl Outcome {
+    /// As a verdict (an error's first line).
+    pub fn status(&self) -> crate::Status {
+        match self {
+            Outcome::Ok(_) => crate::Status::Pass,
+            Outcome::Skip(why) => crate::Status::Skip(why.clone()),
+            Outcome::Error(why) => crate::Status::Fail(why.lines().next().unwrap_or("").into()),
+        }
+    }
 }
 
 /// One boot's result.
@@ -351,6 +367,8 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
     };
     let cpu = match config.backend {
+        // Inside the L1 it is Linux's own KVM: the model as declared.
+        Backend::Kvm if config.nested => cpu.to_string(),
         Backend::Kvm => host::kvm_cpu(Some(cpu)).unwrap_or_default(),
         _ => cpu.to_string(),
     };
@@ -450,12 +468,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let started_unix_s = unix_now();
     let done =
         |outcome: Outcome, console: String, offset: Option<(f64, f64)>, seen: Option<Instant>| {
-            let status = match &outcome {
-                Outcome::Ok(_) => crate::Status::Pass,
-                Outcome::Skip(why) => crate::Status::Skip(why.clone()),
-                Outcome::Error(why) => crate::Status::Fail(why.lines().next().unwrap_or("").into()),
-            };
-            crate::record_verdict(&format!("linux {}", config.label()), &status);
+            crate::record_verdict(&format!("linux {}", config.label()), &outcome.status());
             LinuxRun {
                 config,
                 outcome,
@@ -520,31 +533,13 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let mut hang = None;
     let mut report_seen_at = None;
     let mut report_seen_instant = None;
-    let mut kvm_error = None;
     loop {
         if report_seen_at.is_none() && out.snapshot().contains(END_MARKER) {
             report_seen_at = Some(unix_now());
             report_seen_instant = Some(Instant::now());
         }
-        if config.backend == Backend::Kvm {
-            let e = err.snapshot();
-            if let Some(line) = e.lines().find(|l| l.contains(KVM_INTERNAL_ERROR)) {
-                // The faulting instruction's bytes: "Code=... <c4> 42 69 f7 ...".
-                let insn = e
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Code="))
-                    .and_then(|c| c.split_once('<'))
-                    .map(|(_, rest)| {
-                        rest.split_whitespace()
-                            .take(6)
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    })
-                    .map(|b| format!(" at instruction bytes <{b}"))
-                    .unwrap_or_default();
-                kvm_error = Some(format!("{line} (emulation failure{insn})"));
-                let _ = child.kill();
-            }
+        if config.backend == Backend::Kvm && kvm_internal_error(&err.snapshot()).is_some() {
+            let _ = child.kill();
         }
         if !matches!(child.try_wait(), Ok(None)) {
             break;
@@ -563,33 +558,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         report_seen_at = Some(unix_now());
         report_seen_instant = Some(Instant::now());
     }
-    let outcome = match extract_report(&console) {
-        Ok(report) => Outcome::Ok(report),
-        Err(why) => {
-            let detail = format!(
-                "{why}{}; console tail:\n{}{}",
-                hang.map(|h| format!(" ({h})")).unwrap_or_default(),
-                tail(&console, 8),
-                if stderr.trim().is_empty() {
-                    String::new()
-                } else {
-                    format!("\nstderr tail:\n{}", tail(&stderr, 4))
-                }
-            );
-            match (config.backend, kvm_error) {
-                // kvm_pvm's recognised failure: a platform limit, reported
-                // with its signature, never a failure.
-                (Backend::Kvm, Some(e)) if host::kvm_is_pvm() => Outcome::Skip(format!(
-                    "kvm_pvm: Linux does not boot under this host's KVM: {e}"
-                )),
-                // Anything else — a timeout, a crash, a refusal to start —
-                // is a failure on kvm as everywhere: only a host limit
-                // detected before the boot, or the recognised kvm_pvm
-                // signature above, is a SKIP.
-                _ => Outcome::Error(detail),
-            }
-        }
-    };
+    let outcome = boot_outcome(config, &console, &stderr, hang.map(|h| h.to_string()));
     let offset = match (&outcome, report_seen_at) {
         (Outcome::Ok(r), Some(host)) => r
             .pointer("/clocks/realtime_unix_ns")
@@ -598,6 +567,86 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         _ => None,
     };
     done(outcome, console, offset, report_seen_instant)
+}
+
+/// The `KVM internal error` line in QEMU's `stderr`, with the faulting
+/// instruction's bytes.
+fn kvm_internal_error(stderr: &str) -> Option<String> {
+    let line = stderr.lines().find(|l| l.contains(KVM_INTERNAL_ERROR))?;
+    // The faulting instruction's bytes: "Code=... <c4> 42 69 f7 ...".
+    let insn = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("Code="))
+        .and_then(|c| c.split_once('<'))
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .take(6)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .map(|b| format!(" at instruction bytes <{b}"))
+        .unwrap_or_default();
+    Some(format!("{line} (emulation failure{insn})"))
+}
+
+/// How a boot of `config` that printed `console` and `stderr` ended: the
+/// probe's report, or why not (`hang`: what its watchdog saw).
+fn boot_outcome(config: Config, console: &str, stderr: &str, hang: Option<String>) -> Outcome {
+    let kvm_error = match config.backend {
+        Backend::Kvm => kvm_internal_error(stderr),
+        _ => None,
+    };
+    match extract_report(console) {
+        Ok(report) => Outcome::Ok(report),
+        Err(why) => {
+            let detail = format!(
+                "{why}{}; console tail:\n{}{}",
+                hang.map(|h| format!(" ({h})")).unwrap_or_default(),
+                tail(console, 8),
+                if stderr.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!("\nstderr tail:\n{}", tail(stderr, 4))
+                }
+            );
+            match (config.backend, kvm_error) {
+                // kvm_pvm's recognised failure: a platform limit, reported
+                // with its signature, never a failure.
+                (Backend::Kvm, Some(e)) if !config.nested && host::kvm_is_pvm() => Outcome::Skip(
+                    format!("kvm_pvm: Linux does not boot under this host's KVM: {e}"),
+                ),
+                // Anything else — a timeout, a crash, a refusal to start —
+                // is a failure on kvm as everywhere: only a host limit
+                // detected before the boot, or the recognised kvm_pvm
+                // signature above, is a SKIP.
+                _ => Outcome::Error(detail),
+            }
+        }
+    }
+}
+
+/// A boot of `config` that ran elsewhere (in a nested L1,
+/// [`crate::nested`]) and printed `console` and `stderr` in `elapsed`
+/// (`hang`: why its watchdog ended it); its verdict recorded. The host
+/// clocks are not this host's: no wall-clock offset.
+pub fn from_output(
+    config: Config,
+    console: String,
+    stderr: &str,
+    elapsed: Duration,
+    hang: Option<String>,
+) -> LinuxRun {
+    let outcome = boot_outcome(config, &console, stderr, hang);
+    crate::record_verdict(&format!("linux {}", config.label()), &outcome.status());
+    LinuxRun {
+        config,
+        outcome,
+        wallclock_offset_s: None,
+        host_unix_s: (unix_now(), None),
+        host_clock_step_s: None,
+        elapsed,
+        console,
+    }
 }
 
 /// The value of `path` (a JSON pointer) in a report, as a display string.
@@ -1028,6 +1077,7 @@ mod tests {
                 workload: Workload::Probe,
                 soak_s: 0,
                 pmu: PmuModel::Default,
+                nested: false,
             },
             outcome: match extract_report(console) {
                 Ok(v) => Outcome::Ok(v),
@@ -1212,6 +1262,57 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_kvm_boot_asks_for_the_cpu_as_declared_and_says_nested() {
+        let k = std::path::Path::new("/k");
+        let c = Config {
+            nested: true,
+            ..Config::new(Arch::X86_64, Backend::Kvm, 2)
+        };
+        let a = command_args(c, k, k);
+        let cpu = a
+            .iter()
+            .position(|x| x == "-cpu")
+            .map(|i| a[i + 1].as_str());
+        // Not host::kvm_cpu()'s adaptation to this host's KVM: the L1's.
+        assert_eq!(cpu, Some("host"));
+        assert!(a.iter().any(|x| x == "rustkvm,backend=kvm"), "{a:?}");
+        assert_eq!(c.label(), "x86_64/kvm,nested/smp2");
+        let pmu = Config {
+            pmu: PmuModel::Epyc,
+            ..c
+        };
+        let a = command_args(pmu, k, k);
+        assert!(a.iter().any(|x| x == "host,pmu=on"), "{a:?}");
+    }
+
+    #[test]
+    fn a_boot_that_ran_elsewhere_is_judged_as_one_here() {
+        let c = Config {
+            nested: true,
+            ..Config::new(Arch::X86_64, Backend::Kvm, 2)
+        };
+        let console = format!("noise\n{BEGIN_MARKER}\n{{\"kernel\": \"6.12\"}}\n{END_MARKER}\n");
+        let run = from_output(c, console, "", Duration::from_secs(3), None);
+        assert!(matches!(run.outcome, Outcome::Ok(_)), "{:?}", run.outcome);
+        assert_eq!(run.wallclock_offset_s, None);
+        let hung = from_output(
+            c,
+            "half a boot\n".into(),
+            "KVM internal error. Suberror: 1\n",
+            Duration::from_secs(9),
+            Some("timed out in L1 after 9 s".into()),
+        );
+        // An emulation failure in the L1 is a failure, never kvm_pvm's SKIP.
+        match hung.outcome {
+            Outcome::Error(why) => {
+                assert!(why.contains("timed out in L1 after 9 s"), "{why}");
+                assert!(why.contains("half a boot"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn busy_workloads_on_the_kernel_command_line() {
         let k = std::path::Path::new("/k");
         let c = Config {
@@ -1271,6 +1372,7 @@ mod tests {
             workload: Workload::Probe,
             soak_s: 0,
             pmu: PmuModel::Default,
+            nested: false,
         };
         let a = command_args(c, k, k).join(" ");
         let cpu = if crate::host::kvm_is_pvm() {
@@ -1292,6 +1394,7 @@ mod tests {
             workload: Workload::Probe,
             soak_s: 0,
             pmu: PmuModel::Default,
+            nested: false,
         };
         let a = command_args(c, k, k).join(" ");
         assert!(

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::boot::{self, BootSpec};
 use crate::guest::GuestTest;
-use crate::linux::{self, Config, Images};
+use crate::linux::{self, Config, Images, LinuxRun};
 use crate::run::{self, Outcome, RunOptions, RunResult, Status};
 use crate::{qemu, Arch, Backend, HarnessError, Variant};
 
@@ -144,14 +144,61 @@ fn decompress_modules(
 
 /// One guest run the L1 script makes.
 struct Job<'a> {
-    test: &'a GuestTest,
-    variant: Variant,
+    work: Work<'a>,
     label: String,
+}
+
+/// What a job runs.
+enum Work<'a> {
+    /// A bundled guest, in a variant.
+    Guest(&'a GuestTest, Variant),
+    /// Linux with the probe ([`crate::linux`]), on the kvm backend.
+    Linux(Config),
+}
+
+/// Where the nested Linux's kernel and probe initramfs are in the L1.
+const L1_LINUX_KERNEL: &str = "/root/nested/linux/vmlinuz";
+/// See [`L1_LINUX_KERNEL`].
+const L1_LINUX_INITRD: &str = "/root/nested/linux/initramfs.cpio.gz";
+
+impl Job<'_> {
+    /// Its QEMU arguments inside the L1, and its time limit.
+    fn command(&self, arch: Arch, linux_timeout: Duration) -> (Vec<String>, Duration) {
+        match self.work {
+            Work::Guest(test, variant) => {
+                let kernel = PathBuf::from(format!("{L1_ROOT}/guests/{}", test.name));
+                let mut args = run::guest_args(
+                    test,
+                    arch,
+                    variant,
+                    Backend::Kvm,
+                    &RunOptions::default(),
+                    &kernel,
+                );
+                // The host's kvm_cpu() adapts -cpu to the host's KVM
+                // (kvm_pvm); inside L1 it is Linux's own KVM: the guest's
+                // model as declared.
+                if let (Some(i), Some(cpu)) = (args.iter().position(|a| a == "-cpu"), &test.cpu) {
+                    args[i + 1] = cpu.clone();
+                }
+                (args, test.timeout * run::timeout_scale())
+            }
+            Work::Linux(config) => {
+                let images = Images {
+                    kernel: L1_LINUX_KERNEL.into(),
+                    initrd: L1_LINUX_INITRD.into(),
+                    mem_mib: linux::DEFAULT_MEM_MIB,
+                    append: String::new(),
+                };
+                (linux::command_args_for(config, &images), linux_timeout)
+            }
+        }
+    }
 }
 
 /// The L1 script: load `modules`, then run each job, its output between
 /// markers that [`parse`] reads.
-fn script(arch: Arch, modules: &[String], jobs: &[Job]) -> String {
+fn script(arch: Arch, modules: &[String], jobs: &[Job], linux_timeout: Duration) -> String {
     let mut s = String::from(
         "# rustkvm nested runner (tests/src/nested.rs)\n\
          up() { cut -d' ' -f1 /proc/uptime; }\n",
@@ -161,35 +208,37 @@ fn script(arch: Arch, modules: &[String], jobs: &[Job]) -> String {
     }
     s += "[ -c /dev/kvm ] && echo \"===NESTED-L1 kvm ready at $(up)===\" \
           || echo \"===NESTED-L1 no /dev/kvm===\"\n";
+    // What a timed-out job was doing: each QEMU thread's state, CPU
+    // ticks and kernel wait channel, and KVM's exit counts (debugfs).
+    s += "mountpoint -q /sys/kernel/debug || mount -t debugfs none /sys/kernel/debug 2>/dev/null\n\
+          diag() { echo \"nested watchdog: QEMU threads (name state utime stime wchan):\"; \
+          for t in /proc/$1/task/*; do echo \"  $(cat $t/comm) $(cut -d' ' -f3,14,15 $t/stat) $(cat $t/wchan 2>/dev/null)\"; done; \
+          for f in /sys/kernel/debug/kvm/*/exits /sys/kernel/debug/kvm/*/halt_exits /sys/kernel/debug/kvm/*/io_exits /sys/kernel/debug/kvm/*/irq_exits; do \
+          [ -e \"$f\" ] && echo \"  ${f#/sys/kernel/debug/kvm/} $(cat $f)\"; done; \
+          T=/sys/kernel/debug/tracing; if [ -e $T/events/kvm/kvm_exit/enable ]; then \
+          echo \"nested watchdog: KVM exits for a moment (ftrace kvm_exit):\"; : > $T/trace; \
+          for e in kvm_exit kvm_emulate_insn kvm_inj_exception; do echo 1 > $T/events/kvm/$e/enable; done; sleep 1; \
+          for e in kvm_exit kvm_emulate_insn kvm_inj_exception; do echo 0 > $T/events/kvm/$e/enable; done; \
+          grep kvm_ $T/trace | head -n 24; fi; \
+          echo \"nested watchdog: the guest's registers (QEMU monitor):\"; \
+          ( printf 'info registers\\nx/16xb $pc\\n'; sleep 2 ) > /tmp/mon.in & timeout 3 cat /tmp/mon.out | tr -d '\\r' | grep -v '^(qemu)\\|^QEMU ' ; }\n";
     // A job: QEMU in the background, a watchdog that kills it after its
     // time (and says so first: an x86 guest's exit status can be any odd
     // number, so the status alone cannot tell; a guest that exits as the
     // watchdog fires is timed out only if SIGKILL ended it).
     s += &format!(
-        "job() {{ label=$1; t=$2; shift 2; start=$(up); rm -f /tmp/timedout; \
-         {L1_ROOT}/qemu -L {L1_ROOT}/fw \"$@\" </dev/null >/tmp/out 2>/tmp/err & pid=$!; \
-         ( sleep \"$t\"; : > /tmp/timedout; kill -KILL $pid 2>/dev/null ) & w=$!; \
+        "job() {{ label=$1; t=$2; shift 2; start=$(up); rm -f /tmp/timedout /tmp/diag; \
+         rm -f /tmp/mon.in /tmp/mon.out; mkfifo /tmp/mon.in /tmp/mon.out; \
+         {L1_ROOT}/qemu -L {L1_ROOT}/fw -monitor pipe:/tmp/mon \"$@\" </dev/null >/tmp/out 2>/tmp/err & pid=$!; \
+         ( sleep \"$t\"; : > /tmp/timedout; diag $pid >/tmp/diag 2>&1; kill -KILL $pid 2>/dev/null ) & w=$!; \
          wait $pid; rc=$?; kill $w 2>/dev/null; to=0; \
          [ -e /tmp/timedout ] && [ $rc -eq 137 ] && to=1; \
          echo \"===NESTED-BEGIN $label rc=$rc timedout=$to start=$start end=$(up)===\"; cat /tmp/out; \
-         echo \"===NESTED-STDERR===\"; cat /tmp/err; echo \"===NESTED-END===\"; }}\n"
+         echo \"===NESTED-STDERR===\"; cat /tmp/err; [ $to = 1 ] && cat /tmp/diag; echo \"===NESTED-END===\"; }}\n"
     );
     for j in jobs {
-        let kernel = PathBuf::from(format!("{L1_ROOT}/guests/{}", j.test.name));
-        let mut args = run::guest_args(
-            j.test,
-            arch,
-            j.variant,
-            Backend::Kvm,
-            &RunOptions::default(),
-            &kernel,
-        );
-        // The host's kvm_cpu() adapts -cpu to the host's KVM (kvm_pvm);
-        // inside L1 it is Linux's own KVM: the guest's model as declared.
-        if let (Some(i), Some(cpu)) = (args.iter().position(|a| a == "-cpu"), &j.test.cpu) {
-            args[i + 1] = cpu.clone();
-        }
-        let secs = (j.test.timeout * run::timeout_scale()).as_secs().max(1);
+        let (args, time) = j.command(arch, linux_timeout);
+        let secs = time.as_secs().max(1);
         let argv: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
         s += &format!("job {} {secs} {}\n", sh_quote(&j.label), argv.join(" "));
     }
@@ -269,6 +318,24 @@ pub fn parse(output: &str) -> Vec<JobOutput> {
     jobs
 }
 
+/// What the L1's watchdog saw of a timed-out job (its part of the job's
+/// stderr), without the FPU and vector registers.
+fn watchdog_report(stderr: &str) -> String {
+    let Some(at) = stderr.find("nested watchdog:") else {
+        return String::new();
+    };
+    stderr[at..]
+        .lines()
+        .filter(|l| {
+            !["FPR", "XMM", "YMM", "ZMM", "Opmask", "FCW", "DR"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .take(60)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Run `cells` (a guest and a variant each) on real KVM nested in one
 /// rustkvm L1 of `arch`; each held to its declared kvm outcome and its
 /// verdict recorded as `guest NAME/ARCH/VARIANT/kvm-nested`.
@@ -276,6 +343,37 @@ pub fn run_nested(
     cells: &[(&GuestTest, Variant)],
     arch: Arch,
 ) -> Result<Vec<RunResult>, HarnessError> {
+    Ok(run_l1(cells, &[], arch, linux::DEFAULT_TIMEOUT)?.guests)
+}
+
+/// What one L1 ran.
+#[derive(Debug)]
+pub struct L1Results {
+    /// The bundled guests', in order.
+    pub guests: Vec<RunResult>,
+    /// The Linux boots', in order (their configurations marked nested).
+    pub linux: Vec<LinuxRun>,
+}
+
+/// [`run_nested`], and Linux boots of `linux` (kvm configurations) with
+/// the probe, each within `linux_timeout`, in the same L1 after the
+/// guests; each boot's verdict recorded as `linux LABEL` (its label says
+/// `kvm,nested`).
+pub fn run_l1(
+    cells: &[(&GuestTest, Variant)],
+    linux: &[Config],
+    arch: Arch,
+    linux_timeout: Duration,
+) -> Result<L1Results, HarnessError> {
+    if let Some(c) = linux
+        .iter()
+        .find(|c| c.backend != Backend::Kvm || c.arch != arch)
+    {
+        return Err(usage(format!(
+            "a nested Linux boot runs the kvm backend on the L1's architecture ({arch}): not {}",
+            c.label()
+        )));
+    }
     if arch != Arch::X86_64 {
         return Err(usage(format!(
             "nested backend=kvm runs x86_64 guests for now: an {arch} L1 needs this QEMU built for {arch} (issue 47)"
@@ -285,16 +383,22 @@ pub fn run_nested(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("guests"))
         .map_err(io(format!("creating {}", dir.display())))?;
-    let result = run_in(cells, arch, &dir);
+    let linux: Vec<Config> = linux
+        .iter()
+        .map(|c| Config { nested: true, ..*c })
+        .collect();
+    let result = run_in(cells, &linux, arch, linux_timeout, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 fn run_in(
     cells: &[(&GuestTest, Variant)],
+    linux: &[Config],
     arch: Arch,
+    linux_timeout: Duration,
     dir: &Path,
-) -> Result<Vec<RunResult>, HarnessError> {
+) -> Result<L1Results, HarnessError> {
     let exe = qemu::emulator(arch)?;
     let stripped = dir.join("qemu");
     let ok = Command::new("strip")
@@ -348,31 +452,47 @@ fn run_in(
             add.push((bin, format!("{L1_ROOT}/guests/{}", t.name)));
         }
         jobs.push(Job {
-            test: t,
-            variant,
+            work: Work::Guest(t, variant),
             label: format!("{}/{variant}", t.name),
         });
     }
-    let (kernel, _) = linux::images(arch)?;
+    let (kernel, probe_initrd) = linux::images(arch)?;
+    if !linux.is_empty() {
+        add.push((kernel.clone(), L1_LINUX_KERNEL.into()));
+        add.push((probe_initrd, L1_LINUX_INITRD.into()));
+    }
+    for &c in linux {
+        jobs.push(Job {
+            work: Work::Linux(c),
+            label: format!("linux:{}", c.label()),
+        });
+    }
     let spec = BootSpec {
         kernel: kernel.clone(),
         initrd: None,
         modules: None,
         add,
         packages: Vec::new(),
-        run: script(arch, &modules, &jobs),
+        run: script(arch, &modules, &jobs, linux_timeout),
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
     let config = Config::new(arch, Backend::Rustkvm, 2);
     let budget: Duration = jobs
         .iter()
-        .map(|j| j.test.timeout * run::timeout_scale() + Duration::from_secs(10))
+        .map(|j| j.command(arch, linux_timeout).1 + Duration::from_secs(10))
         .sum::<Duration>()
         + L1_BOOT;
+    // One guest at a time: room for one nested Linux's RAM on top.
+    let mem_mib = L1_MEM_MIB
+        + if linux.is_empty() {
+            0
+        } else {
+            linux::DEFAULT_MEM_MIB
+        };
     let images = Images {
         kernel,
         initrd,
-        mem_mib: L1_MEM_MIB,
+        mem_mib,
         append: " rustkvm.run=1".into(),
     };
     let l1 = linux::run_images(config, budget, Some(&images));
@@ -385,9 +505,49 @@ fn run_in(
     let no_kvm = output
         .as_deref()
         .is_some_and(|o| o.contains("===NESTED-L1 no /dev/kvm==="));
-    let mut results = Vec::new();
+    let never_ran = || {
+        if no_kvm {
+            "L1 has no /dev/kvm (kvm_amd did not load)".to_string()
+        } else {
+            format!("L1 never ran it; L1's console ends:\n{}", l1_tail())
+        }
+    };
+    let mut results = L1Results {
+        guests: Vec::new(),
+        linux: Vec::new(),
+    };
     for j in &jobs {
-        let outcome = match outputs.iter().find(|o| o.label == j.label) {
+        let out = outputs.iter().find(|o| o.label == j.label);
+        let (test, variant) = match j.work {
+            Work::Guest(test, variant) => (test, variant),
+            Work::Linux(config) => {
+                let run = match out {
+                    Some(o) => linux::from_output(
+                        config,
+                        o.serial.clone(),
+                        &o.stderr,
+                        o.elapsed,
+                        o.timed_out.then(|| {
+                            format!(
+                                "timed out in L1 after {} s\n{}",
+                                o.elapsed.as_secs(),
+                                watchdog_report(&o.stderr)
+                            )
+                        }),
+                    ),
+                    None => linux::from_output(
+                        config,
+                        String::new(),
+                        "",
+                        Duration::ZERO,
+                        Some(never_ran()),
+                    ),
+                };
+                results.linux.push(run);
+                continue;
+            }
+        };
+        let outcome = match out {
             Some(o) if o.timed_out => {
                 let mut out = Outcome::skipped(String::new());
                 out.status =
@@ -406,24 +566,19 @@ fn run_in(
             ),
             None => {
                 let mut out = Outcome::skipped(String::new());
-                out.status = Status::Fail(if no_kvm {
-                    "L1 has no /dev/kvm (kvm_amd did not load)".into()
-                } else {
-                    format!("L1 never ran it; L1's console ends:\n{}", l1_tail())
-                });
+                out.status = Status::Fail(never_ran());
                 out
             }
         };
-        let outcome =
-            run::hold_to_declaration_on(j.test, arch, j.variant, Backend::Kvm, true, outcome);
+        let outcome = run::hold_to_declaration_on(test, arch, variant, Backend::Kvm, true, outcome);
         crate::record_verdict(
-            &format!("guest {}/{arch}/{}/kvm-nested", j.test.name, j.variant),
+            &format!("guest {}/{arch}/{variant}/kvm-nested", test.name),
             &outcome.status,
         );
-        results.push(RunResult {
-            test: j.test.name.clone(),
+        results.guests.push(RunResult {
+            test: test.name.clone(),
             arch,
-            variant: j.variant,
+            variant,
             backend: Backend::Kvm,
             outcome,
         });
@@ -471,6 +626,18 @@ mod tests {
             (137, true, "")
         );
         assert!(!jobs[0].timed_out);
+    }
+
+    #[test]
+    fn the_watchdog_report_keeps_threads_exits_and_registers() {
+        let err = "qemu: warning\nnested watchdog: QEMU threads (name state utime stime wchan):\n  qemu R 10 2 0\n\
+                   EIP=00000210 EFL=00000057\nFPR0=0 0000\nXMM00=0 0\nDR0=0\nCS =f502 000f5020\n";
+        assert_eq!(
+            watchdog_report(err),
+            "nested watchdog: QEMU threads (name state utime stime wchan):\n  qemu R 10 2 0\n\
+             EIP=00000210 EFL=00000057\nCS =f502 000f5020"
+        );
+        assert_eq!(watchdog_report("just stderr\n"), "");
     }
 
     #[test]

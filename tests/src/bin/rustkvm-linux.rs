@@ -4,7 +4,7 @@
 //! ```text
 //! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]...
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
-//!               [--timeout S] [--shard i/n] [--junit FILE] [--json]
+//!               [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
 //!               [--add SRC[:DEST]]... [--packages P[,P]...]
 //!               [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
@@ -34,6 +34,9 @@
 //! Linux's driver uses). Only x86
 //! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
 //! counts instructions; one TCG thread).
+//! `--nested`: the kvm configurations boot on Linux's own KVM (kvm_amd)
+//! inside one rustkvm L1 (docs/nested.md), labelled `kvm,nested`; x86_64
+//! only so far, and the probe only (not `--kernel`).
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
 //! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
 //! and kvm (which SKIPs with the reason
@@ -45,7 +48,7 @@ use std::time::Duration;
 
 use rustkvm_tests::boot::{self, BootSpec};
 use rustkvm_tests::linux::{self, BusyAmount, Config, Outcome, PmuModel, Workload};
-use rustkvm_tests::{Arch, Backend, HarnessError};
+use rustkvm_tests::{nested, Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
@@ -62,6 +65,9 @@ struct Args {
     boot: Option<BootSpec>,
     /// `--expect PATTERN=pass|fail`, in order (the last match wins).
     expect: Vec<(String, bool)>,
+    /// `--nested`: the kvm configurations on Linux's own KVM inside one
+    /// rustkvm L1 (rustkvm_tests::nested).
+    nested: bool,
 }
 
 /// tcg, rustkvm, rustkvm on one host thread, rustkvm with the Intel PMU
@@ -91,6 +97,7 @@ fn parse() -> Result<Args, HarnessError> {
         workload: Workload::Probe,
         boot: None,
         expect: Vec::new(),
+        nested: false,
     };
     let mut spec = BootSpec::default();
     let mut kernel_given = false;
@@ -159,6 +166,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.workload = Workload::Busy { amount, perf_first };
             }
             "--json" => a.json = true,
+            "--nested" => a.nested = true,
             "--kernel" => {
                 spec.kernel = value("--kernel")?.into();
                 kernel_given = true;
@@ -214,7 +222,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json]\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (Linux's kvm_amd) inside one rustkvm L1 (x86_64 so far)\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -265,6 +273,34 @@ fn parse() -> Result<Args, HarnessError> {
             "--run, --initrd, --modules, --add, --packages and --expect go with --kernel".into(),
         ));
     }
+    if a.nested {
+        if a.boot.is_some() {
+            return Err(usage(
+                "--nested boots the probe: --kernel mode does not run nested yet (issue 47)".into(),
+            ));
+        }
+        if !a.backends.is_empty() && !a.backends.iter().any(|b| b.0 == Backend::Kvm) {
+            return Err(usage(
+                "--nested runs the kvm backend: add --backend kvm".into(),
+            ));
+        }
+        if a.arches.contains(&Arch::Aarch64) {
+            return Err(usage(
+                "--nested runs x86_64 Linux for now: an aarch64 L1 needs QEMU built for aarch64 (issue 47)".into(),
+            ));
+        }
+        if a.arches.is_empty() {
+            a.arches = vec![Arch::X86_64];
+        }
+        if a.backends
+            .iter()
+            .any(|b| b.0 == Backend::Kvm && (b.1 || b.2))
+        {
+            return Err(usage(
+                "--nested: thread=single and icount are TCG options, not the kvm backend's".into(),
+            ));
+        }
+    }
     if a.arches.is_empty() {
         a.arches = Arch::ALL.to_vec();
     }
@@ -288,16 +324,8 @@ fn main() -> ExitCode {
     if let Some(spec) = args.boot.clone() {
         return boot_main(&args, &spec);
     }
-    let mut runs = Vec::new();
-    for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
-        let config = Config {
-            // `--icount` for all, or `,icount` for one backend.
-            icount: config.icount || args.icount,
-            pin_cpu: args.pin_cpu,
-            workload: args.workload,
-            ..config
-        };
-        let run = linux::run(config, args.timeout);
+    let say = |run: &linux::LinuxRun| {
+        let config = run.config;
         if !args.json {
             let status = match &run.outcome {
                 Outcome::Ok(_) => "OK".to_string(),
@@ -313,7 +341,47 @@ fn main() -> ExitCode {
                 eprintln!("{w}");
             }
         }
+    };
+    let mut runs = Vec::new();
+    let mut nested = Vec::new();
+    for config in linux::matrix(&args.arches, &args.backends, &args.smps, args.shard) {
+        let config = Config {
+            // `--icount` for all, or `,icount` for one backend.
+            icount: config.icount || args.icount,
+            pin_cpu: args.pin_cpu,
+            workload: args.workload,
+            ..config
+        };
+        if args.nested && config.backend == Backend::Kvm {
+            nested.push((runs.len() + nested.len(), config));
+            continue;
+        }
+        let run = linux::run(config, args.timeout);
+        say(&run);
         runs.push(run);
+    }
+    for &arch in &args.arches {
+        let of_arch: Vec<(usize, Config)> = nested
+            .iter()
+            .copied()
+            .filter(|(_, c)| c.arch == arch)
+            .collect();
+        if of_arch.is_empty() {
+            continue;
+        }
+        let configs: Vec<Config> = of_arch.iter().map(|(_, c)| *c).collect();
+        match nested::run_l1(&[], &configs, arch, args.timeout) {
+            Ok(r) => {
+                for ((at, _), run) in of_arch.iter().zip(r.linux) {
+                    say(&run);
+                    runs.insert((*at).min(runs.len()), run);
+                }
+            }
+            Err(e) => {
+                eprintln!("rustkvm-linux: the nested run: {e}");
+                return ExitCode::from(2);
+            }
+        }
     }
     if let Some(path) = &args.junit {
         let cases: Vec<_> = runs
