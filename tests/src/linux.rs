@@ -468,7 +468,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let started_unix_s = unix_now();
     let done =
         |outcome: Outcome, console: String, offset: Option<(f64, f64)>, seen: Option<Instant>| {
-            crate::record_verdict(&format!("linux {}", config.label()), &outcome.status());
+            record(config, &outcome);
             LinuxRun {
                 config,
                 outcome,
@@ -625,10 +625,17 @@ fn boot_outcome(config: Config, console: &str, stderr: &str, hang: Option<String
     }
 }
 
+/// Record the verdict of a boot of `config` that ended in `outcome`, as
+/// `linux LABEL`.
+pub fn record(config: Config, outcome: &Outcome) {
+    crate::record_verdict(&format!("linux {}", config.label()), &outcome.status());
+}
+
 /// A boot of `config` that ran elsewhere (in a nested L1,
 /// [`crate::nested`]) and printed `console` and `stderr` in `elapsed`
-/// (`hang`: why its watchdog ended it); its verdict recorded. The host
-/// clocks are not this host's: no wall-clock offset.
+/// (`hang`: why its watchdog ended it). The host clocks are not this
+/// host's: no wall-clock offset. Its verdict is the caller's to record
+/// ([`record`]).
 pub fn from_output(
     config: Config,
     console: String,
@@ -637,7 +644,6 @@ pub fn from_output(
     hang: Option<String>,
 ) -> LinuxRun {
     let outcome = boot_outcome(config, &console, stderr, hang);
-    crate::record_verdict(&format!("linux {}", config.label()), &outcome.status());
     LinuxRun {
         config,
         outcome,

@@ -543,6 +543,7 @@ fn run_in(
                         Some(never_ran()),
                     ),
                 };
+                linux::record(config, &run.outcome);
                 results.linux.push(run);
                 continue;
             }
