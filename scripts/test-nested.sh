@@ -14,8 +14,8 @@ step "cargo build the runner"
 cargo build --quiet -p rustkvm-tests --bin rustkvm-run || die "building rustkvm-run failed"
 status=0
 if [ -z "${1:-}" ]; then
-    step "the nested subset (cargo test --test nested -- --ignored)"
-    cargo test --quiet -p rustkvm-tests --test nested -- --ignored || status=1
+    step "the nested subset (cargo test --test nested)"
+    cargo test --quiet -p rustkvm-tests --test nested || status=1
 fi
 step "rustkvm-run --arch x86_64 --backend kvm --nested ${1:-}"
 "$RUSTKVM_ROOT/target/debug/rustkvm-run" --arch x86_64 --backend kvm --nested ${1:+"$1"} || status=1

@@ -221,7 +221,7 @@ fn script(arch: Arch, modules: &[String], jobs: &[Job], linux_timeout: Duration)
           for e in kvm_exit kvm_emulate_insn kvm_inj_exception; do echo 0 > $T/events/kvm/$e/enable; done; \
           grep kvm_ $T/trace | head -n 24; fi; \
           echo \"nested watchdog: the guest's registers (QEMU monitor):\"; \
-          ( printf 'info registers\\nx/16xb $pc\\n'; sleep 2 ) > /tmp/mon.in & timeout 3 cat /tmp/mon.out | tr -d '\\r' | grep -v '^(qemu)\\|^QEMU ' ; }\n";
+          ( printf 'info registers\\nx/16xb $pc\\nx/80gx $sp\\n'; sleep 2 ) > /tmp/mon.in & timeout 3 cat /tmp/mon.out | tr -d '\\r' | grep -v '^(qemu)\\|^QEMU ' ; }\n";
     // A job: QEMU in the background, a watchdog that kills it after its
     // time (and says so first: an x86 guest's exit status can be any odd
     // number, so the status alone cannot tell; a guest that exits as the
