@@ -696,11 +696,21 @@ bool rustkvm_x86_pv_eoi_sync(RustkvmVcpu *vcpu, bool irr_pending, bool event);
 #define RUSTKVM_HC_YIELD 1u
 /** Unhalt the vCPU whose APIC ID is `target`, then yield (KVM_HC_KICK_CPU). */
 #define RUSTKVM_HC_KICK 2u
+/** Raise #GP(0) at the instruction instead; RAX is not written. */
+#define RUSTKVM_HC_FAULT_GP 3u
+/** Raise #UD at the instruction instead; RAX is not written. */
+#define RUSTKVM_HC_FAULT_UD 4u
 
 /** Hypercall mode word: bits 0-1 the CPL ... */
 #define RUSTKVM_HC_CPL_MASK 3u
 /** ... bit 2: 64-bit mode (EFER.LMA and CS.L); otherwise 32-bit operands. */
 #define RUSTKVM_HC_LONG_MODE 4u
+/** ... bit 3: the instruction is VMMCALL (0F 01 D9), else VMCALL (0F 01 C1). */
+#define RUSTKVM_HC_VMMCALL 8u
+/** ... bit 4: the vCPU is AMD's (VMMCALL is its own hypercall, VMCALL not). */
+#define RUSTKVM_HC_AMD 16u
+/** ... bit 5: protected mode (CR0.PE set, EFLAGS.VM clear). */
+#define RUSTKVM_HC_PROTECTED 32u
 
 /** What a hypercall returns (in two registers: no memory round trip). */
 typedef struct RustkvmHypercallRet {
@@ -716,7 +726,9 @@ typedef struct RustkvmHypercallRet {
  * Execute a hypercall with KVM's ABI: `regs` is the vCPU's general-purpose
  * register file in x86 order (RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, ...:
  * the number in RAX, arguments in RBX, RCX, RDX, RSI), `mode` the CPL and
- * RUSTKVM_HC_LONG_MODE. A NULL vcpu or regs answers -KVM_ENOSYS.
+ * the RUSTKVM_HC_* mode bits. The other vendor's instruction reaches KVM
+ * through #UD and its emulator, which may fault instead (RUSTKVM_HC_FAULT_*).
+ * A NULL vcpu or regs answers -KVM_ENOSYS.
  */
 RustkvmHypercallRet rustkvm_x86_hypercall(RustkvmVcpu *vcpu,
                                           const uint64_t *regs, uint32_t mode);

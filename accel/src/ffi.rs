@@ -1268,7 +1268,7 @@ pub unsafe extern "C" fn rustkvm_x86_hypercall(
     regs: *const u64,
     mode: u32,
 ) -> header::RustkvmHypercallRet {
-    use crate::x86::hypercall::{Action, Call, KVM_ENOSYS};
+    use crate::x86::hypercall::{Action, Call, Fault, Insn, KVM_ENOSYS};
     // SAFETY: forwarded caller contract for both pointers.
     let (Some(v), Some(r)) = (unsafe { x86_ref(vcpu) }, unsafe {
         regs.cast::<[u64; 8]>().as_ref()
@@ -1285,10 +1285,17 @@ pub unsafe extern "C" fn rustkvm_x86_hypercall(
         args: [r[3], r[1], r[2], r[6]],
         cpl: (mode & header::RUSTKVM_HC_CPL_MASK) as u8,
         long_mode: mode & header::RUSTKVM_HC_LONG_MODE != 0,
+        insn: Insn::of(
+            mode & header::RUSTKVM_HC_VMMCALL != 0,
+            mode & header::RUSTKVM_HC_AMD != 0,
+        ),
+        protected: mode & header::RUSTKVM_HC_PROTECTED != 0,
     });
     let (action, target) = match o.action {
         Action::None => (header::RUSTKVM_HC_NONE, 0),
         Action::Yield => (header::RUSTKVM_HC_YIELD, 0),
+        Action::Fault(Fault::Gp) => (header::RUSTKVM_HC_FAULT_GP, 0),
+        Action::Fault(Fault::Ud) => (header::RUSTKVM_HC_FAULT_UD, 0),
         Action::Kick(apic) => (
             header::RUSTKVM_HC_KICK,
             u32::try_from(apic).unwrap_or(u32::MAX),
@@ -1821,6 +1828,15 @@ mod tests {
             assert_eq!((r.rax, r.action, r.target), (0, header::RUSTKVM_HC_KICK, 3));
             let r = rustkvm_x86_hypercall(v0, regs.as_ptr(), 3 | header::RUSTKVM_HC_LONG_MODE);
             assert_eq!(r.rax as i64, -1, "CPL 3: -KVM_EPERM");
+            let amd_vmcall = 3 | header::RUSTKVM_HC_LONG_MODE | header::RUSTKVM_HC_AMD;
+            let r = rustkvm_x86_hypercall(v0, regs.as_ptr(), amd_vmcall);
+            assert_eq!((r.rax, r.action), (5, header::RUSTKVM_HC_FAULT_GP));
+            let r = rustkvm_x86_hypercall(v0, regs.as_ptr(), header::RUSTKVM_HC_VMMCALL);
+            assert_eq!(
+                r.action,
+                header::RUSTKVM_HC_FAULT_UD,
+                "Intel VMMCALL, real mode"
+            );
             let r = rustkvm_x86_hypercall(v0, std::ptr::null(), 0);
             assert_eq!(r.rax as i64, -1000);
             assert!(!rustkvm_x86_take_pv_unhalt(v0));

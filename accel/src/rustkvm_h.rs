@@ -65,8 +65,13 @@ pub const RUSTKVM_LBR_FORMAT: u32 = 5;
 pub const RUSTKVM_HC_NONE: u32 = 0;
 pub const RUSTKVM_HC_YIELD: u32 = 1;
 pub const RUSTKVM_HC_KICK: u32 = 2;
+pub const RUSTKVM_HC_FAULT_GP: u32 = 3;
+pub const RUSTKVM_HC_FAULT_UD: u32 = 4;
 pub const RUSTKVM_HC_CPL_MASK: u32 = 3;
 pub const RUSTKVM_HC_LONG_MODE: u32 = 4;
+pub const RUSTKVM_HC_VMMCALL: u32 = 8;
+pub const RUSTKVM_HC_AMD: u32 = 16;
+pub const RUSTKVM_HC_PROTECTED: u32 = 32;
 pub const RUSTKVM_ARM_PMU_REGS: u32 = 70;
 pub const RUSTKVM_INFO_NAME_LEN: u32 = 16;
 pub const RUSTKVM_INFO_COUNTERS: u32 = 40;
@@ -617,7 +622,7 @@ const _: () = {
         [::core::mem::offset_of!(RustkvmHypercallRet, target) - 12usize];
 };
 unsafe extern "C" {
-    #[doc = " Execute a hypercall with KVM's ABI: `regs` is the vCPU's general-purpose\n register file in x86 order (RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, ...:\n the number in RAX, arguments in RBX, RCX, RDX, RSI), `mode` the CPL and\n RUSTKVM_HC_LONG_MODE. A NULL vcpu or regs answers -KVM_ENOSYS."]
+    #[doc = " Execute a hypercall with KVM's ABI: `regs` is the vCPU's general-purpose\n register file in x86 order (RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, ...:\n the number in RAX, arguments in RBX, RCX, RDX, RSI), `mode` the CPL and\n the RUSTKVM_HC_* mode bits. The other vendor's instruction reaches KVM\n through #UD and its emulator, which may fault instead (RUSTKVM_HC_FAULT_*).\n A NULL vcpu or regs answers -KVM_ENOSYS."]
     pub fn rustkvm_x86_hypercall(
         vcpu: *mut RustkvmVcpu,
         regs: *const u64,

@@ -1,7 +1,9 @@
 //! A KVM hypercall from user mode (CPL 3): KVM answers −KVM_EPERM in RAX
-//! (Documentation/virt/kvm/x86/hypercalls.rst); without a hypervisor that
-//! implements it, VMCALL raises #UD and the process gets SIGILL. Run in a
-//! child process so a SIGILL cannot take the probe down.
+//! (Documentation/virt/kvm/x86/hypercalls.rst) on Intel, where VMCALL is
+//! the CPU's own; on AMD, VMCALL raises #UD, which KVM's emulator turns
+//! into #GP at CPL 3 (SIGSEGV). Without a hypervisor that implements it,
+//! VMCALL raises #UD and the process gets SIGILL. Run in a child process
+//! so a signal cannot take the probe down.
 
 use crate::json::Json;
 

@@ -15,7 +15,7 @@ use crate::vcpu::TestCounting;
 use crate::vcpu::{ResetKind, Route, SamplerView, Vcpu};
 use crate::vm::{Arch, Vm, VmConfig};
 use crate::x86::clock::{scale_delta, TscRate, PAGE_SIZE};
-use crate::x86::hypercall::Call;
+use crate::x86::hypercall::{Action, Call, Fault, Insn};
 use crate::x86::pmu::Counting;
 use crate::x86::vcpu::SavedMsrs;
 
@@ -359,13 +359,18 @@ fn op(cpus: usize) -> impl Strategy<Value = Op> {
         ),
         prop_oneof![4 => Just(0u8), 1 => 1..=3u8],
         prop::bool::weighted(0.8),
+        (prop::bool::ANY, prop::bool::ANY, prop::bool::weighted(0.9)),
     )
-        .prop_map(|(nr, (a0, a1, a2, a3), cpl, long_mode)| Call {
-            nr,
-            args: [a0, a1, a2, a3],
-            cpl,
-            long_mode,
-        });
+        .prop_map(
+            |(nr, (a0, a1, a2, a3), cpl, long_mode, (vmmcall, amd, protected))| Call {
+                nr,
+                args: [a0, a1, a2, a3],
+                cpl,
+                long_mode,
+                insn: Insn::of(vmmcall, amd),
+                protected,
+            },
+        );
     // Programming that makes counters count: an enabled select of an
     // event rustkvm counts (Intel's or AMD's numbers), the fixed counters.
     let program = prop_oneof![
@@ -982,7 +987,9 @@ impl World {
         Ok(())
     }
 
-    /// Hypercalls (`____kvm_emulate_hypercall`): CPL > 0 → -KVM_EPERM;
+    /// Hypercalls (`____kvm_emulate_hypercall`): VMCALL on AMD from CPL > 0
+    /// → #GP, VMMCALL on Intel outside protected mode → #UD (the
+    /// emulator's checks); CPL > 0 → -KVM_EPERM;
     /// unknown numbers, and those whose feature is enforced away →
     /// -KVM_ENOSYS; CLOCK_PAIRING of another clock → -KVM_EOPNOTSUPP, of a
     /// buffer that is not RAM → -KVM_EFAULT, else it writes 64 bytes there;
@@ -994,6 +1001,18 @@ impl World {
         oneshot: &mut Vec<Region>,
     ) -> Result<(), TestCaseError> {
         let out = self.vcpus[cpu].x86().unwrap().hypercall(call);
+        // The other vendor's instruction goes through KVM's emulator, whose
+        // Priv (VMCALL) and Prot (VMMCALL) checks come first: nothing else
+        // happens, nothing is written.
+        let fault = match call.insn {
+            Insn::VmcallOnAmd if call.cpl > 0 => Some(Fault::Gp),
+            Insn::VmmcallOnIntel if !call.protected => Some(Fault::Ud),
+            _ => None,
+        };
+        if let Some(f) = fault {
+            prop_assert_eq!(out.action, Action::Fault(f), "{:?}", call);
+            return Ok(());
+        }
         let mask = if call.long_mode {
             u64::MAX
         } else {

@@ -7,6 +7,15 @@
 //! ABI: nr in RAX, arguments in RBX, RCX, RDX, RSI, result in RAX. Outside
 //! 64-bit mode the number and arguments are truncated to 32 bits, and so is
 //! the result. From CPL > 0 every call returns −KVM_EPERM.
+//!
+//! The other vendor's instruction (VMCALL on AMD, VMMCALL on Intel) raises
+//! #UD, which KVM intercepts and emulates (`handle_ud`, then
+//! `arch/x86/kvm/emulate.c`): the emulator's flags for it apply first.
+//! VMCALL (`group7_rm0`) is `Priv`, so from CPL > 0 it is #GP(0); VMMCALL
+//! (`group7_rm3`) is `Prot`, so in real or virtual-8086 mode it is #UD.
+//! Otherwise the call proceeds as the vendor's own would. (KVM also
+//! rewrites the instruction in guest memory to the vendor's own,
+//! `KVM_X86_QUIRK_FIX_HYPERCALL_INSN`; rustkvm does not write guest code.)
 
 /// KVM_HC_VAPIC_POLL_IRQ: returns 0.
 pub const KVM_HC_VAPIC_POLL_IRQ: u64 = 1;
@@ -53,6 +62,43 @@ pub struct Call {
     pub cpl: u8,
     /// 64-bit mode (long mode with CS.L): otherwise 32-bit operands.
     pub long_mode: bool,
+    /// Which instruction made it, against the vCPU's vendor.
+    pub insn: Insn,
+    /// Protected mode (CR0.PE set, EFLAGS.VM clear).
+    pub protected: bool,
+}
+
+/// The instruction of a hypercall, against the vCPU's vendor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insn {
+    /// The vendor's own: VMCALL on Intel (VMX exit), VMMCALL on AMD
+    /// (SVM intercept).
+    Native,
+    /// VMCALL (0F 01 C1) on an AMD vCPU: #UD, emulated; `Priv`.
+    VmcallOnAmd,
+    /// VMMCALL (0F 01 D9) on an Intel vCPU: #UD, emulated; `Prot`.
+    VmmcallOnIntel,
+}
+
+impl Insn {
+    /// The instruction (`vmmcall`: 0F 01 D9, else VMCALL) on a vCPU that
+    /// is AMD's or not.
+    pub fn of(vmmcall: bool, amd: bool) -> Self {
+        match (vmmcall, amd) {
+            (true, false) => Insn::VmmcallOnIntel,
+            (false, true) => Insn::VmcallOnAmd,
+            _ => Insn::Native,
+        }
+    }
+}
+
+/// An exception the hypercall instruction raises instead of calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// #GP(0).
+    Gp,
+    /// #UD.
+    Ud,
 }
 
 /// What the accelerator must do besides writing RAX.
@@ -64,6 +110,8 @@ pub enum Action {
     Yield,
     /// Unhalt the vCPU with this APIC ID (KVM_HC_KICK_CPU), then yield.
     Kick(u64),
+    /// Raise this exception at the instruction; RAX is not written.
+    Fault(Fault),
 }
 
 /// The APIC IDs a KVM_HC_SEND_IPI addresses, as `kvm_pv_send_ipi` walks
@@ -125,6 +173,19 @@ pub fn handle(call: Call, enforce: Enforce, svc: &mut dyn Services) -> Outcome {
     } else {
         u64::from(u32::MAX)
     };
+    // The emulator's checks of the other vendor's instruction come first
+    // (x86_emulate_insn: Priv, then Prot).
+    let fault = match call.insn {
+        Insn::VmcallOnAmd if call.cpl != 0 => Some(Fault::Gp),
+        Insn::VmmcallOnIntel if !call.protected => Some(Fault::Ud),
+        _ => None,
+    };
+    if let Some(f) = fault {
+        return Outcome {
+            ret: call.nr,
+            action: Action::Fault(f),
+        };
+    }
     let nr = call.nr & mask;
     let a = call.args.map(|x| x & mask);
     let neg = |e: u64| e.wrapping_neg();
@@ -189,6 +250,8 @@ mod tests {
             args: [0; 4],
             cpl: 0,
             long_mode: true,
+            insn: Insn::Native,
+            protected: true,
         }
     }
     const OFF: Enforce = Enforce(None);
@@ -230,12 +293,52 @@ mod tests {
     }
 
     #[test]
+    fn the_instruction_is_told_apart_by_vendor() {
+        assert_eq!(Insn::of(false, false), Insn::Native);
+        assert_eq!(Insn::of(true, true), Insn::Native);
+        assert_eq!(Insn::of(false, true), Insn::VmcallOnAmd);
+        assert_eq!(Insn::of(true, false), Insn::VmmcallOnIntel);
+    }
+
+    /// KVM's emulator, which the other vendor's instruction reaches through
+    /// #UD: VMCALL is `Priv` (#GP(0) from CPL > 0), VMMCALL `Prot` (#UD in
+    /// real and virtual-8086 mode); past those checks it is a hypercall.
+    #[test]
+    fn the_other_vendors_instruction_faults_as_kvms_emulator_says() {
+        for cpl in 0..=3 {
+            for protected in [false, true] {
+                for insn in [Insn::Native, Insn::VmcallOnAmd, Insn::VmmcallOnIntel] {
+                    let c = Call {
+                        cpl,
+                        protected,
+                        insn,
+                        ..call(KVM_HC_VAPIC_POLL_IRQ)
+                    };
+                    let want = match insn {
+                        Insn::VmcallOnAmd if cpl != 0 => Action::Fault(Fault::Gp),
+                        Insn::VmmcallOnIntel if !protected => Action::Fault(Fault::Ud),
+                        _ => Action::None,
+                    };
+                    let o = handle(c, OFF);
+                    assert_eq!(o.action, want, "{insn:?} cpl {cpl} protected {protected}");
+                    let ret = match (want, cpl) {
+                        (Action::Fault(_), _) => KVM_HC_VAPIC_POLL_IRQ,
+                        (_, 0) => 0,
+                        _ => KVM_EPERM.wrapping_neg(),
+                    };
+                    assert_eq!(o.ret, ret, "{insn:?} cpl {cpl}: RAX kept on a fault");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn thirty_two_bit_mode_truncates_number_arguments_and_result() {
         let c = Call {
             nr: 0xffff_ffff_0000_0000 | KVM_HC_KICK_CPU,
             args: [0, 0xdead_0000_0000_0003, 0, 0],
-            cpl: 0,
             long_mode: false,
+            ..call(0)
         };
         assert_eq!(
             handle(c, OFF),

@@ -6,7 +6,8 @@
 //!   (kvm-nested: L1's clocksource is kvm-clock, so KVM pairs no clock)
 //!
 //! KVM's paravirtual interface as a KVM guest sees it: the signature and
-//! feature leaves, and hypercalls through VMCALL and VMMCALL. SKIPs where
+//! feature leaves, and hypercalls through VMCALL and VMMCALL (from CPL 3
+//! too, where the other vendor's instruction meets KVM's emulator). SKIPs where
 //! there is no KVM signature (plain TCG).
 //! Spec: Linux Documentation/virt/kvm/x86/cpuid.rst, hypercalls.rst;
 //! arch/x86/kvm/x86.c (kvm_emulate_hypercall).
@@ -83,6 +84,33 @@ fn main(t: &mut Test) {
         arch::vmcall(KVM_HC_VAPIC_POLL_IRQ, [0; 4]),
         Ok(0),
     );
+    // From CPL 3 the vendor's own instruction returns -KVM_EPERM
+    // (kvm_emulate_hypercall). The other one raises #UD, which KVM
+    // emulates (handle_ud, arch/x86/kvm/emulate.c), and the emulator
+    // checks first: VMCALL is Priv (group7_rm0), so on AMD it is #GP(0);
+    // VMMCALL is not, so on Intel it is -KVM_EPERM too.
+    let v = arch::cpuid(0, 0);
+    let amd = &arch::cpuid_string([v[1], v[3], v[2]]) == b"AuthenticAMD";
+    arch::call_user(user_hypercalls);
+    // SAFETY: written by user_hypercalls, which has returned.
+    let (vmcall, vmmcall) = unsafe {
+        (
+            (&raw const USER_VMCALL).read(),
+            (&raw const USER_VMMCALL).read(),
+        )
+    };
+    let eperm = Ok(1u64.wrapping_neg());
+    if amd {
+        t.check(
+            "cpl3.vmcall-on-amd-gp",
+            matches!(vmcall, Err(f) if f.vector == arch::GP_VECTOR && f.error == 0),
+            format_args!("{vmcall:?}"),
+        );
+        t.eq("cpl3.vmmcall-eperm", vmmcall, eperm);
+    } else {
+        t.eq("cpl3.vmcall-eperm", vmcall, eperm);
+        t.eq("cpl3.vmmcall-on-intel-eperm", vmmcall, eperm);
+    }
     // Outside 64-bit mode (here: compatibility mode) KVM reads 32-bit
     // operands and returns a 32-bit result (kvm_emulate_hypercall's
     // !op_64_bit path): the number's upper half is ignored, RAX's upper
@@ -200,4 +228,23 @@ fn main(t: &mut Test) {
         pairing == Ok(EOPNOTSUPP) || f[0] & 1 != 0,
         format_args!("{pairing:?}"),
     );
+}
+
+/// What VMCALL and VMMCALL gave at CPL 3 (`user_hypercalls`).
+#[cfg(target_arch = "x86_64")]
+static mut USER_VMCALL: Result<u64, guest::arch::Fault> = Ok(0);
+#[cfg(target_arch = "x86_64")]
+static mut USER_VMMCALL: Result<u64, guest::arch::Fault> = Ok(0);
+
+/// At CPL 3: KVM_HC_VAPIC_POLL_IRQ through VMCALL, then VMMCALL.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn user_hypercalls() {
+    use guest::arch;
+    let vmcall = arch::vmcall(1, [0; 4]);
+    let vmmcall = arch::vmmcall(1, [0; 4]);
+    // SAFETY: one vCPU; read after call_user returns.
+    unsafe {
+        (&raw mut USER_VMCALL).write(vmcall);
+        (&raw mut USER_VMMCALL).write(vmmcall);
+    }
 }
