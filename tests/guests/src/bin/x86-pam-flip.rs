@@ -111,10 +111,12 @@ mod pam {
     /// VM time at 2 GHz (rustkvm's guest TSC rate).
     pub const TSC_PER_MS: u64 = 2_000_000;
 
-    /// Wait (bounded: 30 s of VM time) until `cond`.
+    /// Wait (bounded: 90 s of VM time, within the guest's timeout) until
+    /// `cond`. Nested on real KVM in a rustkvm L1 each flip is two port
+    /// exits to L1's QEMU: the 2,000 took about 40 s there.
     pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
         let t0 = arch::rdtsc();
-        while arch::rdtsc().wrapping_sub(t0) < 30_000 * TSC_PER_MS {
+        while arch::rdtsc().wrapping_sub(t0) < 90_000 * TSC_PER_MS {
             if cond() {
                 return true;
             }
