@@ -23,6 +23,16 @@
 //!
 //! A lost EOI leaves a vector in service (ISR set, later interrupts of its
 //! class blocked); a doubled one ends the outer interrupt early.
+//!
+//! On real KVM the bit is a hint: KVM takes it back at every exit
+//! (`apic_sync_pv_eoi_from_guest` from `kvm_lapic_sync_from_vapic`) and
+//! sets it again only at an entry that processes KVM_REQ_EVENT
+//! (`kvm_lapic_sync_to_vapic` in `vcpu_enter_guest`), so an exit between
+//! the injection and the handler's test-and-clear (the host's own timer:
+//! often, nested in a rustkvm L1) leaves the guest to write its EOI. There
+//! the checks whether a handler found the bit, and which way each
+//! interrupt ended, become: each ended exactly once. Under rustkvm nothing
+//! but the guest's own instructions exits, and the split is exact.
 #![no_std]
 #![no_main]
 
@@ -58,6 +68,7 @@ fn main(t: &mut Test) {
     let count = |v: u8| COUNT[usize::from(v)].load(SeqCst);
     let seen = |v: u8| SEEN[usize::from(v)].load(SeqCst);
     let eois = || (PV_EOIS.load(SeqCst), APIC_EOIS.load(SeqCst));
+    let exact = guest::backend() != Some(guest::Backend::Kvm);
 
     // The MSR.
     let word = WORD.as_ptr() as u64;
@@ -87,8 +98,8 @@ fn main(t: &mut Test) {
     self_ipi(OUTER);
     take();
     t.eq("alone-delivered-once", count(OUTER), 1);
-    t.eq("alone-found-the-bit", seen(OUTER), 1);
-    t.eq("alone-ended-in-memory", eois(), (1, 0));
+    found(t, exact, "alone-found-the-bit", seen(OUTER));
+    ended(t, exact, "alone-ended-in-memory", eois(), (1, 0));
     t.check(
         "alone-nothing-in-service",
         nothing_in_service(),
@@ -101,7 +112,7 @@ fn main(t: &mut Test) {
         take();
     }
     t.eq("back-to-back-each-once", count(OUTER), 101);
-    t.eq("back-to-back-each-ended-once", eois(), (101, 0));
+    ended(t, exact, "back-to-back-each-ended-once", eois(), (101, 0));
     t.check(
         "back-to-back-nothing-in-service",
         nothing_in_service(),
@@ -119,9 +130,9 @@ fn main(t: &mut Test) {
         [SAME_CLASS, OUTER],
     );
     t.eq("two-first-found-no-bit", seen(SAME_CLASS), 0);
-    t.eq("two-second-found-the-bit", seen(OUTER), 1);
+    found(t, exact, "two-second-found-the-bit", seen(OUTER));
     t.eq("two-each-once", (count(SAME_CLASS), count(OUTER)), (1, 102));
-    t.eq("two-one-eoi-each-way", eois(), (102, 1));
+    ended(t, exact, "two-one-eoi-each-way", eois(), (102, 1));
     t.check(
         "two-nothing-in-service",
         nothing_in_service(),
@@ -134,8 +145,8 @@ fn main(t: &mut Test) {
     take();
     MODE.store(PLAIN, SeqCst);
     t.eq("nested-each-once", (count(OUTER), count(INNER)), (103, 1));
-    t.eq("nested-outer-found-the-bit", seen(OUTER), 1);
-    t.eq("nested-inner-found-the-bit", seen(INNER), 1);
+    found(t, exact, "nested-outer-found-the-bit", seen(OUTER));
+    found(t, exact, "nested-inner-found-the-bit", seen(INNER));
     let after = AFTER_INNER.load(SeqCst);
     t.check(
         "nested-outer-still-in-service",
@@ -147,7 +158,7 @@ fn main(t: &mut Test) {
         ),
     );
     t.eq("nested-outer-must-write-eoi", after >> 2 & 1, 0);
-    t.eq("nested-one-eoi-each-way", eois(), (103, 2));
+    ended(t, exact, "nested-one-eoi-each-way", eois(), (103, 2));
     t.check(
         "nested-nothing-in-service",
         nothing_in_service(),
@@ -155,6 +166,7 @@ fn main(t: &mut Test) {
     );
 
     // Off: the host leaves the word alone.
+    let before = eois();
     t.eq("msr-disable", arch::wrmsr(MSR_KVM_PV_EOI_EN, 0), Ok(()));
     WORD.store(0x80, SeqCst);
     self_ipi(OUTER);
@@ -162,10 +174,38 @@ fn main(t: &mut Test) {
     t.eq("off-delivered", count(OUTER), 104);
     t.eq("off-no-bit", seen(OUTER), 0);
     t.eq("off-word-untouched", WORD.load(SeqCst), 0x80);
-    t.eq("off-eoi-written", eois(), (103, 3));
+    let now = eois();
+    t.eq(
+        "off-eoi-written",
+        (now.0 - before.0, now.1 - before.1),
+        (0, 1),
+    );
     t.check(
         "off-nothing-in-service",
         nothing_in_service(),
         format_args!("ISR/PPR at the end"),
     );
+}
+
+/// Whether a handler found the bit (0 or 1): set, where `exact`; on real
+/// KVM either (the module's doc).
+#[cfg(target_arch = "x86_64")]
+fn found(t: &mut Test, exact: bool, name: &str, seen: u8) {
+    if exact {
+        t.eq(name, seen, 1);
+    } else {
+        t.check(name, seen <= 1, format_args!("handler not run: {seen:#x}"));
+    }
+}
+
+/// Interrupts ended so far, `(in memory, by an EOI write)`: `want`, where
+/// `exact`; on real KVM the same number either way (the module's doc).
+#[cfg(target_arch = "x86_64")]
+fn ended(t: &mut Test, exact: bool, name: &str, got: (u32, u32), want: (u32, u32)) {
+    if exact {
+        t.eq(name, got, want);
+    } else {
+        t.measure(name, format_args!("{} {}", got.0, got.1));
+        t.eq(name, got.0 + got.1, want.0 + want.1);
+    }
 }
