@@ -6,6 +6,12 @@
 #   RUSTKVM_QEMU=10.2 scripts/build-qemu.sh
 #                                    the same for QEMU 10.2.2 (default: 10.0,
 #                                    Debian 13's; scripts/lib.sh qemu_release)
+#   RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh
+#                                    qemu-system-aarch64 for an arm64 host,
+#                                    cross-built (Debian's aarch64-linux-gnu
+#                                    toolchain, arm64 multiarch libraries, the
+#                                    library for aarch64-unknown-linux-gnu):
+#                                    the arm64 L1's QEMU (docs/nested.md)
 #
 # Everything lives under $RUSTKVM_CACHE (default /var/cache/rustkvm), outside the
 # clone, so every clone shares one source tree, one build directory and one ccache
@@ -13,6 +19,7 @@
 #   src/                 Debian's qemu source packages (orig tarball, debian/ tarball)
 #   qemu/src/            10.0: the upstream tree with qemu-patches/ applied
 #   qemu/build/          10.0: the meson/ninja build directory
+#   qemu/build-aarch64-host/  10.0 built to run on arm64 (RUSTKVM_QEMU_HOST)
 #   qemu-10.2/{src,build}/  the same for 10.2
 #   ccache/              the compiler cache
 # Nothing is rebuilt when nothing changed; a Rust-only change just relinks.
@@ -23,6 +30,7 @@ bash "$RUSTKVM_ROOT/scripts/deps.sh"
 
 release=$(qemu_release)
 QDIR=$(qemu_dir)
+host=$(qemu_host)
 # RUSTKVM_QEMU_SRC: another patched source tree (with RUSTKVM_QEMU_BUILD, a
 # private pair: a clone at other patches builds there without rewriting the
 # shared tree under a test run of another clone).
@@ -31,7 +39,10 @@ QSRC="${RUSTKVM_QEMU_SRC:-$QDIR/src}"
 # RUSTKVM_SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer build
 # (QEMU's --enable-asan --enable-ubsan) in its own directory, qemu/build-san
 # (scripts/sanitize.sh; scripts/qemu-path finds it under the same variable).
-if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
+if [ "$host" = aarch64 ]; then
+    [ "${RUSTKVM_SANITIZE:-0}" = 1 ] && die "RUSTKVM_SANITIZE=1 builds for this host only, not with RUSTKVM_QEMU_HOST=aarch64"
+    QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build-aarch64-host}"
+elif [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
     QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build-san}"
 else
     QBUILD="${RUSTKVM_QEMU_BUILD:-$QDIR/build}"
@@ -97,13 +108,19 @@ if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
         CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true \
         cargo build --release --quiet -p rustkvm-accel --target-dir "$lib_target") \
         || die "cargo build failed"
+    lib_src="$lib_target/release/librustkvm_accel.a"
+elif [ "$host" = aarch64 ]; then
+    step "cargo build --release --target aarch64-unknown-linux-gnu (rustkvm accelerator library for an arm64 host)"
+    (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel --target aarch64-unknown-linux-gnu) \
+        || die "cargo build --target aarch64-unknown-linux-gnu failed"
+    lib_src="$RUSTKVM_ROOT/target/aarch64-unknown-linux-gnu/release/librustkvm_accel.a"
 else
     step "cargo build --release (rustkvm accelerator library)"
     lib_target="$RUSTKVM_ROOT/target"
     (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-accel) || die "cargo build failed"
+    lib_src="$lib_target/release/librustkvm_accel.a"
 fi
 mkdir -p "$QBUILD/rustkvm"
-lib_src="$lib_target/release/librustkvm_accel.a"
 lib_dst="$QBUILD/rustkvm/librustkvm_accel.a"
 # Copy only on change: ninja relinks when this file's mtime moves. Two
 # clones of one commit build libraries that differ only in the paths
@@ -114,7 +131,7 @@ lib_key() {
     (
         cd "$RUSTKVM_ROOT" || exit 1
         rustc -V
-        echo "sanitize=${RUSTKVM_SANITIZE:-0}"
+        echo "sanitize=${RUSTKVM_SANITIZE:-0} host=$host"
         git rev-parse HEAD:accel HEAD:Cargo.lock HEAD:Cargo.toml || exit 1
         git diff HEAD -- accel Cargo.lock Cargo.toml
         git ls-files --others --exclude-standard -- accel | sort | xargs -r sha256sum
@@ -131,10 +148,28 @@ echo "$libkey" >"$lib_dst.key"
 check_series_header "$QSRC/include/system/rustkvm-abi.h"
 
 # ---------------------------------------------------------------- configure
-CONFIGURE_ARGS=(
-    "${QEMU_CONFIGURE_ARGS[@]}"
-    -Drustkvm=enabled "-Drustkvm_lib=$lib_dst"
-)
+if [ "$host" = aarch64 ]; then
+    # Debian's pkgconf has no aarch64-linux-gnu wrapper: one that reads
+    # the arm64 multiarch .pc files only.
+    pc="$QBUILD/aarch64-linux-gnu-pkg-config"
+    printf '%s\n' '#!/bin/sh' \
+        'PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig exec pkg-config "$@"' >"$pc.new"
+    chmod +x "$pc.new" && mv "$pc.new" "$pc"
+    export PKG_CONFIG="$pc"
+    fdt="$RUSTKVM_CACHE/arm64-libfdt"
+    CONFIGURE_ARGS=(
+        "${QEMU_CROSS_AARCH64_ARGS[@]}"
+        "--extra-cflags=-I$fdt/usr/include" "--extra-ldflags=-L$fdt/usr/lib/aarch64-linux-gnu"
+        -Drustkvm=enabled "-Drustkvm_lib=$lib_dst"
+    )
+    targets=(qemu-system-aarch64)
+else
+    CONFIGURE_ARGS=(
+        "${QEMU_CONFIGURE_ARGS[@]}"
+        -Drustkvm=enabled "-Drustkvm_lib=$lib_dst"
+    )
+    targets=(qemu-system-x86_64 qemu-system-aarch64 tests/tcg/plugins/libinsn.so tests/tcg/plugins/libbb.so)
+fi
 if [ "${RUSTKVM_SANITIZE:-0}" = 1 ]; then
     CONFIGURE_ARGS+=(--enable-asan --enable-ubsan)
 fi
@@ -151,10 +186,19 @@ else
 fi
 
 # ---------------------------------------------------------------- build
-step "ninja qemu-system-x86_64 qemu-system-aarch64 (and QEMU's test plugins libinsn.so, libbb.so)"
-ninja -C "$QBUILD" -j"$(nproc)" qemu-system-x86_64 qemu-system-aarch64 \
-    tests/tcg/plugins/libinsn.so tests/tcg/plugins/libbb.so >"$QBUILD/ninja.log" 2>&1 \
+step "ninja ${targets[*]}"
+ninja -C "$QBUILD" -j"$(nproc)" "${targets[@]}" >"$QBUILD/ninja.log" 2>&1 \
     || { grep -E 'error|FAILED' -A5 "$QBUILD/ninja.log" | head -n 60 >&2; die "QEMU build failed (log: $QBUILD/ninja.log)"; }
+if [ "$host" = aarch64 ]; then
+    # It cannot run here: check what it is and what it needs instead.
+    exe="$QBUILD/qemu-system-aarch64"
+    aarch64-linux-gnu-readelf -h "$exe" | grep -q 'Machine:.*AArch64' || die "$exe is not an arm64 executable"
+    # (grep -c, not -q: an early grep exit would fail nm under pipefail)
+    [ "$(aarch64-linux-gnu-nm "$exe" | grep -c ' T rustkvm_arm_')" -gt 0 ] \
+        || die "$exe has no rustkvm library linked in"
+    ok "$exe (arm64; libraries: $(aarch64-linux-gnu-readelf -d "$exe" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' '))"
+    exit 0
+fi
 # Run from the build directory, QEMU looks for its data and firmware under
 # build/qemu-bundle/<configured path>: point those at Debian's firmware packages
 # (seabios, qemu-system-data, ipxe-qemu) so no -L is needed.

@@ -98,6 +98,38 @@ installed=$(rustup target list --installed)
 for t in "${need_targets[@]}"; do
     grep -qx "$t" <<<"$installed" || rustup target add "$t" || die "rustup target add $t failed"
 done
+if [ "${RUSTKVM_QEMU_HOST:-x86_64}" = aarch64 ]; then
+    # QEMU for an arm64 host (build-qemu.sh): the Rust library's target,
+    # arm64 multiarch -dev packages beside the amd64 ones, and libfdt,
+    # whose -dev package is not co-installable across architectures:
+    # its arm64 package unpacked into the cache, linked statically.
+    grep -qx aarch64-unknown-linux-gnu <<<"$installed" || rustup target add aarch64-unknown-linux-gnu \
+        || die "rustup target add aarch64-unknown-linux-gnu failed"
+    dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64 \
+        || die "dpkg --add-architecture arm64 failed"
+    arm=(libglib2.0-dev:arm64 libpixman-1-dev:arm64 zlib1g-dev:arm64 libc6-dev:arm64)
+    missing=()
+    for p in "${arm[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        step "apt-get install ${missing[*]} (arm64 multiarch)"
+        apt-get update -qq || die "apt-get update failed"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+            || die "apt-get install failed for: ${missing[*]}"
+    fi
+    fdt="$RUSTKVM_CACHE/arm64-libfdt"
+    if [ ! -f "$fdt/usr/lib/aarch64-linux-gnu/libfdt.a" ]; then
+        step "libfdt-dev:arm64, unpacked into $fdt"
+        tmp=$(mktemp -d)
+        (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root libfdt-dev:arm64) || die "apt-get download libfdt-dev:arm64 failed"
+        rm -rf "$fdt.new" && mkdir -p "$fdt.new"
+        dpkg-deb -x "$tmp"/libfdt-dev_*_arm64.deb "$fdt.new" || die "cannot unpack libfdt-dev:arm64"
+        # The static library only: no libfdt.so for the L1 to carry.
+        rm -f "$fdt.new"/usr/lib/aarch64-linux-gnu/libfdt.so*
+        rm -rf "$tmp" "$fdt" && mv "$fdt.new" "$fdt"
+    fi
+fi
 comps=$(rustup component list --installed)
 for c in clippy rustfmt; do
     grep -q "^$c" <<<"$comps" || rustup component add "$c" || die "rustup component add $c failed"

@@ -338,6 +338,15 @@ qemu_release() {
         *) die "RUSTKVM_QEMU=${RUSTKVM_QEMU}: rustkvm builds QEMU 10.0 (the default) or 10.2" ;;
     esac
 }
+# qemu_host: the host a build runs on, RUSTKVM_QEMU_HOST: x86_64 (this
+# machine, the default) or aarch64 (cross-built: build-qemu.sh).
+qemu_host() {
+    case "${RUSTKVM_QEMU_HOST:-x86_64}" in
+        x86_64|aarch64) echo "${RUSTKVM_QEMU_HOST:-x86_64}" ;;
+        *) die "RUSTKVM_QEMU_HOST=$RUSTKVM_QEMU_HOST: rustkvm builds QEMU for an x86_64 (the default) or an aarch64 host" ;;
+    esac
+}
+
 qemu_dir() {
     case "$(qemu_release)" in
         10.0) echo "$RUSTKVM_CACHE/qemu" ;;
@@ -548,6 +557,20 @@ check_series_header() {
 # QEMU's configure arguments for the two emulators rustkvm builds
 # (build-qemu.sh adds the library and sanitizers, build-qemu-series.sh the
 # library from the link patch on).
+# For an arm64 host (RUSTKVM_QEMU_HOST=aarch64): the arm64 emulator alone,
+# for -accel rustkvm,backend=kvm in the arm64 L1 (docs/nested.md): KVM and
+# TCG, the device tree (libfdt from build-qemu.sh's extracted package), no
+# plugins, capstone, slirp or 9p.
+QEMU_CROSS_AARCH64_ARGS=(
+    --cross-prefix=aarch64-linux-gnu-
+    --target-list=aarch64-softmmu
+    --without-default-features
+    --enable-system --disable-user --disable-tools
+    --enable-tcg --enable-kvm --enable-fdt=system
+    --disable-docs --disable-install-blobs --disable-download
+    --python=/usr/bin/python3
+)
+
 QEMU_CONFIGURE_ARGS=(
     --target-list=x86_64-softmmu,aarch64-softmmu
     --without-default-features

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The kvm column for real: every bundled guest on Linux's own KVM (kvm_amd)
-# inside one rustkvm L1 (tests/src/nested.rs, docs/nested.md), each held to
-# its declared kvm / kvm-nested outcome, with the table and measures of
-# `rustkvm-run`. x86_64 only so far (an arm64 L1 needs QEMU built for arm64).
-# Needs QEMU and the Linux images built (scripts/build-qemu.sh,
-# scripts/build-linux-guests.sh); builds the guests and the runner.
+# The kvm column for real: every bundled guest on Linux's own KVM (kvm_amd
+# on x86, KVM/arm64 on arm64) inside one rustkvm L1 per architecture
+# (tests/src/nested.rs, docs/nested.md), each held to its declared kvm /
+# kvm-nested outcome, with the table and measures of `rustkvm-run`.
+# Needs QEMU (also RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh) and the
+# Linux images built (scripts/build-linux-guests.sh); builds the guests and
+# the runner.
 # Usage: scripts/test-nested.sh [FILTER]     exit status 1 if any guest fails
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -17,6 +18,8 @@ if [ -z "${1:-}" ]; then
     step "the nested subset (cargo test --test nested)"
     cargo test --quiet -p rustkvm-tests --test nested || status=1
 fi
-step "rustkvm-run --arch x86_64 --backend kvm --nested ${1:-}"
-"$RUSTKVM_ROOT/target/debug/rustkvm-run" --arch x86_64 --backend kvm --nested ${1:+"$1"} || status=1
+for arch in x86_64 aarch64; do
+    step "rustkvm-run --arch $arch --backend kvm --nested ${1:-}"
+    "$RUSTKVM_ROOT/target/debug/rustkvm-run" --arch "$arch" --backend kvm --nested ${1:+"$1"} || status=1
+done
 exit "$status"

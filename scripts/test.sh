@@ -21,6 +21,9 @@ esac
 other_env=(env -u RUSTKVM_QEMU_SRC -u RUSTKVM_QEMU_BUILD "RUSTKVM_QEMU=$other")
 other_built=1
 "${other_env[@]}" bash "$RUSTKVM_ROOT/scripts/build-qemu.sh" || other_built=0
+# qemu-system-aarch64 for an arm64 host, cross-built: the arm64 L1 of the
+# nested tests runs its guests with it (tests/tests/nested.rs).
+env -u RUSTKVM_QEMU_SRC -u RUSTKVM_QEMU_BUILD RUSTKVM_QEMU_HOST=aarch64 bash "$RUSTKVM_ROOT/scripts/build-qemu.sh"
 bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
 bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh"
 cd "$RUSTKVM_ROOT"

@@ -320,6 +320,7 @@ pub fn boot(config: Config, spec: &BootSpec, initrd: &Path, timeout: Duration) -
         // Room for the packages' files, which live in the initramfs.
         mem_mib: if spec.packages.is_empty() { 512 } else { 2048 },
         append: " rustkvm.run=1".into(),
+        hypervisor: false,
     };
     let linux = linux::run_images(config, timeout, Some(&images));
     let command = command_result(&linux.console);

@@ -324,6 +324,7 @@ pub fn command_args(
             initrd: initrd.to_path_buf(),
             mem_mib: DEFAULT_MEM_MIB,
             append: String::new(),
+            hypervisor: false,
         },
     )
 }
@@ -343,6 +344,10 @@ pub struct Images {
     pub mem_mib: u32,
     /// Appended to the kernel command line (with a leading space).
     pub append: String,
+    /// The guest is itself a hypervisor (a nested L1, [`crate::nested`]):
+    /// on arm64 `virt,virtualization=on,gic-version=3` (EL2, and a GIC
+    /// KVM/arm64 can virtualize); x86's `-cpu max` has SVM already.
+    pub hypervisor: bool,
 }
 
 /// The QEMU arguments for booting `config` from `images`.
@@ -364,6 +369,9 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
         ),
         (Arch::X86_64, _) => ("pc", "max", "ttyS0"),
         (Arch::Aarch64, Backend::Kvm) => ("virt", "host", "ttyAMA0"),
+        (Arch::Aarch64, _) if images.hypervisor => {
+            ("virt,virtualization=on,gic-version=3", "max", "ttyAMA0")
+        }
         (Arch::Aarch64, _) => ("virt", "max", "ttyAMA0"),
     };
     let cpu = match config.backend {
@@ -493,6 +501,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 kernel,
                 initrd,
                 mem_mib: DEFAULT_MEM_MIB,
+                hypervisor: false,
                 append: String::new(),
             },
             Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None, None),

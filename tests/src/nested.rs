@@ -1,19 +1,21 @@
 //! `backend=kvm`, nested: the bundled guests on real KVM — Linux's own
-//! `kvm_amd` — inside an L1 Linux that runs under rustkvm (`-cpu max`: an
-//! AMD model with TCG's SVM), one L1 boot for the whole run (issue 47).
+//! `kvm_amd` on x86, KVM/arm64 on arm64 — inside an L1 Linux that runs
+//! under rustkvm (x86: `-cpu max`, an AMD model with TCG's SVM; arm64:
+//! `virt,virtualization=on,gic-version=3`, the kernel at EL2 in VHE), one
+//! L1 boot for the whole run (issue 47).
 //!
 //! The L1 is Debian's kernel (`scripts/build-linux-guests.sh`) with the
-//! probe's initramfs and, on top ([`crate::boot::initramfs`]): this build's
-//! QEMU (stripped) with the shared libraries it links and the firmware it
-//! loads, Debian's KVM modules (decompressed: `insmod` of a `.ko` is about
-//! a second, where `modprobe` of the `.ko.xz` took minutes under TCG), the
+//! probe's initramfs and, on top ([`crate::boot::initramfs`]): this
+//! project's QEMU for the L1's architecture (stripped; for arm64 the
+//! cross-built one, [`qemu::native_emulator`]) with the shared libraries
+//! it links and the firmware it loads, on x86 Debian's KVM modules
+//! (decompressed: `insmod` of a `.ko` is about a second, where `modprobe`
+//! of the `.ko.xz` took minutes under TCG; arm64's KVM is built in), the
 //! guests, and a script that loads the modules and runs each guest with
 //! exactly the arguments [`crate::run::guest_args`] gives the kvm backend.
 //! Each guest's output comes back on L1's console between markers, and is
 //! judged and held to the guest's declared kvm outcome as a run on the
 //! host's KVM is.
-//!
-//! x86_64 only so far: an arm64 L1 needs this QEMU built for arm64.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,6 +46,37 @@ const X86_FIRMWARE: &[&str] = &[
 /// The module that gives L1 its `/dev/kvm`.
 const X86_KVM_MODULE: &str = "kernel/arch/x86/kvm/kvm-amd.ko.xz";
 
+/// What the L1 of an architecture needs besides its QEMU.
+struct L1Parts {
+    /// The module that gives L1 its `/dev/kvm` (none: built in).
+    kvm_module: Option<&'static str>,
+    /// The firmware its guests' QEMU loads.
+    firmware: &'static [&'static str],
+    /// Debian's multiarch triplet (its libraries' directories).
+    triplet: &'static str,
+    /// binutils' strip for its executables.
+    strip: &'static str,
+}
+
+fn l1_parts(arch: Arch) -> L1Parts {
+    match arch {
+        Arch::X86_64 => L1Parts {
+            kvm_module: Some(X86_KVM_MODULE),
+            firmware: X86_FIRMWARE,
+            triplet: "x86_64-linux-gnu",
+            strip: "strip",
+        },
+        // Debian's arm64 kernel has CONFIG_KVM=y; its guests boot with
+        // -kernel, no firmware.
+        Arch::Aarch64 => L1Parts {
+            kvm_module: None,
+            firmware: &[],
+            triplet: "aarch64-linux-gnu",
+            strip: "aarch64-linux-gnu-strip",
+        },
+    }
+}
+
 fn usage(m: String) -> HarnessError {
     HarnessError::Usage(m)
 }
@@ -57,30 +90,77 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// The shared libraries `exe` loads (ldd), with the dynamic loader.
-fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>, HarnessError> {
-    let out = Command::new("ldd")
-        .arg(exe)
+/// An ELF file's `DT_NEEDED` names and its interpreter (`PT_INTERP`), by
+/// GNU readelf, which reads any architecture's ELF.
+fn elf_deps(file: &Path) -> Result<(Vec<String>, Option<String>), HarnessError> {
+    let out = Command::new("readelf")
+        .args(["-d", "-l", "-W"])
+        .arg(file)
         .output()
-        .map_err(io(format!("running ldd {}", exe.display())))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let libs: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            let path = match l.split_once("=>") {
-                Some((_, rest)) => rest.split_whitespace().next()?,
-                None => l.split_whitespace().next()?,
-            };
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect();
-    if !out.status.success() || libs.is_empty() {
+        .map_err(io(format!("running readelf -d -l {}", file.display())))?;
+    if !out.status.success() {
         return Err(usage(format!(
-            "ldd {}: no libraries found ({})",
-            exe.display(),
+            "readelf -d -l {}: {}",
+            file.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bracketed = |l: &str, key: &str| {
+        let rest = &l[l.find(key)? + key.len()..];
+        rest.split(']').next().map(|v| v.trim().to_string())
+    };
+    let needed = text
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| bracketed(l, "Shared library: ["))
+        .collect();
+    let interp = text
+        .lines()
+        .find_map(|l| bracketed(l, "Requesting program interpreter:"));
+    Ok((needed, interp))
+}
+
+/// The shared libraries `exe` (an executable for `arch`) loads, found in
+/// Debian's multiarch directories for `arch` as its dynamic loader finds
+/// them, and the loader itself: what the L1 needs to run it.
+fn shared_libraries(exe: &Path, arch: Arch) -> Result<Vec<PathBuf>, HarnessError> {
+    let t = l1_parts(arch).triplet;
+    let dirs = [
+        format!("/lib/{t}"),
+        format!("/usr/lib/{t}"),
+        "/lib".into(),
+        "/usr/lib".into(),
+    ];
+    let (mut queue, interp) = elf_deps(exe)?;
+    let interp = interp.ok_or_else(|| {
+        usage(format!(
+            "{}: no program interpreter (not a dynamic executable)",
+            exe.display()
+        ))
+    })?;
+    let mut libs = vec![PathBuf::from(&interp)];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(name) = queue.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let found = dirs
+            .iter()
+            .map(|d| Path::new(d).join(&name))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                usage(format!(
+                    "{name} (needed by {}): not in {} (scripts/deps.sh installs {arch}'s libraries)",
+                    exe.display(),
+                    dirs.join(", ")
+                ))
+            })?;
+        if found == Path::new(&interp) || libs.iter().any(|l| l.file_name() == found.file_name()) {
+            continue;
+        }
+        queue.extend(elf_deps(&found)?.0);
+        libs.push(found);
     }
     Ok(libs)
 }
@@ -189,6 +269,7 @@ impl Job<'_> {
                     initrd: L1_LINUX_INITRD.into(),
                     mem_mib: linux::DEFAULT_MEM_MIB,
                     append: String::new(),
+                    hypervisor: false,
                 };
                 (linux::command_args_for(config, &images), linux_timeout)
             }
@@ -374,12 +455,11 @@ pub fn run_l1(
             c.label()
         )));
     }
-    if arch != Arch::X86_64 {
-        return Err(usage(format!(
-            "nested backend=kvm runs x86_64 guests for now: an {arch} L1 needs this QEMU built for {arch} (issue 47)"
-        )));
-    }
-    let dir = std::env::temp_dir().join(format!("rustkvm-nested-{}", std::process::id()));
+    // One directory per L1: a process may run several (one per test).
+    static L1S: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = L1S.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("rustkvm-nested-{}-{arch}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("guests"))
         .map_err(io(format!("creating {}", dir.display())))?;
@@ -399,27 +479,29 @@ fn run_in(
     linux_timeout: Duration,
     dir: &Path,
 ) -> Result<L1Results, HarnessError> {
-    let exe = qemu::emulator(arch)?;
+    let parts = l1_parts(arch);
+    let exe = qemu::native_emulator(arch)?;
     let stripped = dir.join("qemu");
-    let ok = Command::new("strip")
+    let ok = Command::new(parts.strip)
         .arg("-o")
         .arg(&stripped)
         .arg(&exe)
         .status()
-        .map_err(io("running strip (binutils)".into()))?;
+        .map_err(io(format!("running {} (binutils)", parts.strip)))?;
     if !ok.success() {
         return Err(usage(format!(
-            "strip -o {} {}: failed",
+            "{} -o {} {}: failed",
+            parts.strip,
             stripped.display(),
             exe.display()
         )));
     }
     let mut add: Vec<(PathBuf, String)> = vec![(stripped, format!("{L1_ROOT}/qemu"))];
-    for lib in shared_libraries(&exe)? {
+    for lib in shared_libraries(&exe, arch)? {
         let dest = lib.display().to_string();
         add.push((lib, dest));
     }
-    for fw in X86_FIRMWARE {
+    for fw in parts.firmware {
         let p = PathBuf::from(fw);
         if !p.is_file() {
             return Err(usage(format!(
@@ -432,15 +514,18 @@ fn run_in(
             .unwrap_or_default();
         add.push((p, format!("{L1_ROOT}/fw/{name}")));
     }
-    let mdir = modules_dir(arch)?;
-    let dep = std::fs::read_to_string(mdir.join("modules.dep")).map_err(io(format!(
-        "reading {}",
-        mdir.join("modules.dep").display()
-    )))?;
-    let order = load_order(&dep, X86_KVM_MODULE)
-        .ok_or_else(|| usage(format!("{X86_KVM_MODULE} is not in {}", mdir.display())))?;
-    let modules = decompress_modules(&mdir, &order, &dir.join("mods"))?;
-    add.push((dir.join("mods"), format!("{L1_ROOT}/mods")));
+    let mut modules = Vec::new();
+    if let Some(module) = parts.kvm_module {
+        let mdir = modules_dir(arch)?;
+        let dep = std::fs::read_to_string(mdir.join("modules.dep")).map_err(io(format!(
+            "reading {}",
+            mdir.join("modules.dep").display()
+        )))?;
+        let order = load_order(&dep, module)
+            .ok_or_else(|| usage(format!("{module} is not in {}", mdir.display())))?;
+        modules = decompress_modules(&mdir, &order, &dir.join("mods"))?;
+        add.push((dir.join("mods"), format!("{L1_ROOT}/mods")));
+    }
     let mut jobs = Vec::new();
     let mut added = std::collections::BTreeSet::new();
     for &(t, variant) in cells {
@@ -494,6 +579,7 @@ fn run_in(
         initrd,
         mem_mib,
         append: " rustkvm.run=1".into(),
+        hypervisor: true,
     };
     let l1 = linux::run_images(config, budget, Some(&images));
     let output = boot::command_result(&l1.console).map(|(out, _)| out);
@@ -507,7 +593,12 @@ fn run_in(
         .is_some_and(|o| o.contains("===NESTED-L1 no /dev/kvm==="));
     let never_ran = || {
         if no_kvm {
-            "L1 has no /dev/kvm (kvm_amd did not load)".to_string()
+            match arch {
+                Arch::X86_64 => "L1 has no /dev/kvm (kvm_amd did not load)".to_string(),
+                Arch::Aarch64 => {
+                    "L1 has no /dev/kvm (KVM/arm64 did not initialize at EL2)".to_string()
+                }
+            }
         } else {
             format!("L1 never ran it; L1's console ends:\n{}", l1_tail())
         }

@@ -189,18 +189,46 @@ pub fn emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
     emulator_of(arch, None)
 }
 
+/// The emulator for guests of `arch` that runs *on* an `arch` host: this
+/// machine's [`emulator`] for x86_64, the cross-built one for aarch64
+/// (`RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh`): what an L1 of
+/// `arch` runs its guests with ([`crate::nested`]).
+pub fn native_emulator(arch: Arch) -> Result<PathBuf, HarnessError> {
+    if arch.name() == std::env::consts::ARCH {
+        return emulator(arch);
+    }
+    qemu_path(arch, |cmd| {
+        cmd.env("RUSTKVM_QEMU_HOST", arch.name())
+            .env_remove("RUSTKVM_QEMU_BUILD")
+            .env_remove("RUSTKVM_SANITIZE");
+    })
+    .map_err(|_| {
+        HarnessError::NotBuilt(
+            PathBuf::from(format!("qemu-system-{arch} for an {arch} host")),
+            "RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh",
+        )
+    })
+}
+
 /// [`emulator`] of QEMU `release` ("10.0", "10.2") when given: that
 /// release's own build, whatever `RUSTKVM_QEMU` and `RUSTKVM_QEMU_BUILD`
 /// select, unless they select that release.
 fn emulator_of(arch: Arch, release: Option<&str>) -> Result<PathBuf, HarnessError> {
+    let selected = std::env::var("RUSTKVM_QEMU").unwrap_or_else(|_| "10.0".into());
+    qemu_path(arch, |cmd| {
+        if let Some(r) = release.filter(|r| *r != selected) {
+            cmd.env("RUSTKVM_QEMU", r)
+                .env_remove("RUSTKVM_QEMU_BUILD")
+                .env_remove("RUSTKVM_SANITIZE");
+        }
+    })
+}
+
+/// What `scripts/qemu-path ARCH` prints, its environment set by `env`.
+fn qemu_path(arch: Arch, env: impl FnOnce(&mut Command)) -> Result<PathBuf, HarnessError> {
     let script = crate::repo_root().join("scripts").join("qemu-path");
     let mut cmd = Command::new(&script);
-    let selected = std::env::var("RUSTKVM_QEMU").unwrap_or_else(|_| "10.0".into());
-    if let Some(r) = release.filter(|r| *r != selected) {
-        cmd.env("RUSTKVM_QEMU", r)
-            .env_remove("RUSTKVM_QEMU_BUILD")
-            .env_remove("RUSTKVM_SANITIZE");
-    }
+    env(&mut cmd);
     let out = cmd
         .arg(arch.name())
         .output()

@@ -513,7 +513,17 @@ pub fn judge(
         lines.push(line.to_string());
     }
     seen.checks = seen.passed + seen.failed + seen.skipped;
-    let guest = code.and_then(|c| arch.guest_status(c));
+    // An arm64 guest on KVM (no semihosting) prints its status as `exit N`
+    // and powers off: QEMU then exits 0.
+    let said = serial
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("exit "))
+        .filter_map(|n| n.trim().parse::<u32>().ok())
+        .next_back();
+    let guest = match (arch, code, said) {
+        (Arch::Aarch64, Some(0), Some(n)) => Some(n),
+        _ => code.and_then(|c| arch.guest_status(c)),
+    };
     let first_skip = || {
         skipped_checks
             .first()
@@ -662,6 +672,25 @@ mod tests {
                 .into(),
             Duration::ZERO,
         )
+    }
+
+    #[test]
+    fn an_arm64_guest_on_kvm_says_its_status_then_powers_off() {
+        let skip = "skip x: no pmu\nsummary checks=1 passed=0 failed=0 skipped=1\nexit 2\n";
+        assert_eq!(
+            j(Arch::Aarch64, Some(0), skip).status,
+            Status::Skip("x: no pmu".into())
+        );
+        let fail = "ok a\nsummary checks=2 passed=1 failed=1 skipped=0\nexit 1\n";
+        assert!(matches!(
+            j(Arch::Aarch64, Some(0), fail).status,
+            Status::Fail(_)
+        ));
+        // QEMU's own failure is not overridden by the line.
+        assert!(matches!(
+            j(Arch::Aarch64, Some(0x40 + 7), skip).status,
+            Status::Fail(_)
+        ));
     }
 
     #[test]

@@ -34,9 +34,9 @@
 //! Linux's driver uses). Only x86
 //! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
 //! counts instructions; one TCG thread).
-//! `--nested`: the kvm configurations boot on Linux's own KVM (kvm_amd)
-//! inside one rustkvm L1 (docs/nested.md), labelled `kvm,nested`; x86_64
-//! only so far, and the probe only (not `--kernel`).
+//! `--nested`: the kvm configurations boot on Linux's own KVM (kvm_amd on
+//! x86, KVM/arm64 at EL2 on arm64) inside one rustkvm L1 per architecture
+//! (docs/nested.md), labelled `kvm,nested`; the probe only (not `--kernel`).
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
 //! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
 //! and kvm (which SKIPs with the reason
@@ -222,7 +222,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (Linux's kvm_amd) inside one rustkvm L1 (x86_64 so far)\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -283,14 +283,6 @@ fn parse() -> Result<Args, HarnessError> {
             return Err(usage(
                 "--nested runs the kvm backend: add --backend kvm".into(),
             ));
-        }
-        if a.arches.contains(&Arch::Aarch64) {
-            return Err(usage(
-                "--nested runs x86_64 Linux for now: an aarch64 L1 needs QEMU built for aarch64 (issue 47)".into(),
-            ));
-        }
-        if a.arches.is_empty() {
-            a.arches = vec![Arch::X86_64];
         }
         if a.backends
             .iter()

@@ -64,7 +64,7 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError
             "--quiet" => quiet = true,
             "--nested" => nested = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [--nested] [FILTER]\n  --nested: the kvm backend on real KVM (Linux's kvm_amd) inside one rustkvm L1 per architecture (x86_64 so far)");
+                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [--nested] [FILTER]\n  --nested: the kvm backend on real KVM inside one rustkvm L1 per architecture (x86_64: kvm_amd; aarch64: KVM/arm64 at EL2, with RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh)");
                 std::process::exit(0);
             }
             f if !f.starts_with('-') && sel.filter.is_none() => sel.filter = Some(f.to_string()),
@@ -76,17 +76,8 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError
             "--nested runs the kvm backend: add --backend kvm".into(),
         ));
     }
-    if nested && sel.arches.contains(&Arch::Aarch64) {
-        return Err(usage(
-            "--nested runs x86_64 guests for now: an aarch64 L1 needs QEMU built for aarch64 (issue 47)".into(),
-        ));
-    }
     if sel.arches.is_empty() {
-        sel.arches = if nested {
-            vec![Arch::X86_64]
-        } else {
-            Arch::ALL.to_vec()
-        };
+        sel.arches = Arch::ALL.to_vec();
     }
     if sel.backends.is_empty() {
         sel.backends = Backend::ALL.to_vec();

@@ -370,8 +370,18 @@ pub fn fw_cfg_read() -> u8 {
     unsafe { FW_CFG_DATA.read_volatile() }
 }
 
-/// End the guest through semihosting SYS_EXIT with `status`.
+/// PSCI SYSTEM_OFF (SMC32), PSCI 1.1 (DEN0022) §5.10.
+const PSCI_SYSTEM_OFF: u32 = 0x8400_0008;
+
+/// End the guest with `status`: through semihosting SYS_EXIT; on the kvm
+/// backend, which has no semihosting (HLT is UNDEFINED at EL1 under KVM),
+/// as an `exit N` console line, then PSCI SYSTEM_OFF (the runner reads the
+/// line: tests/src/run.rs `judge`).
 pub fn exit(status: u32) -> ! {
+    if crate::backend() == Some(crate::Backend::Kvm) {
+        crate::println!("exit {status}");
+        hvc(PSCI_SYSTEM_OFF, [0; 3]);
+    }
     let block = [ADP_STOPPED_APPLICATION_EXIT, u64::from(status)];
     // SAFETY: semihosting call; QEMU reads the parameter block and exits.
     unsafe {
