@@ -192,6 +192,9 @@ pub struct BootSpec {
     pub packages: Vec<String>,
     /// The shell command to run as root.
     pub run: String,
+    /// Boot it as a hypervisor ([`Images::hypervisor`]: on arm64 at EL2
+    /// with a GICv3), for KVM in it (`--hypervisor`).
+    pub hypervisor: bool,
 }
 
 /// Where `modules` puts its `lib/modules` directory in the guest.
@@ -320,7 +323,7 @@ pub fn boot(config: Config, spec: &BootSpec, initrd: &Path, timeout: Duration) -
         // Room for the packages' files, which live in the initramfs.
         mem_mib: if spec.packages.is_empty() { 512 } else { 2048 },
         append: " rustkvm.run=1".into(),
-        hypervisor: false,
+        hypervisor: spec.hypervisor,
     };
     let linux = linux::run_images(config, timeout, Some(&images));
     let command = command_result(&linux.console);

@@ -1277,6 +1277,29 @@ mod tests {
     }
 
     #[test]
+    fn a_hypervisor_boots_at_el2_with_a_gicv3_on_arm64() {
+        let images = |hypervisor| Images {
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+            mem_mib: 512,
+            append: String::new(),
+            hypervisor,
+        };
+        let machine = |arch, hypervisor| {
+            let a = command_args_for(Config::new(arch, Backend::Rustkvm, 2), &images(hypervisor));
+            let i = a.iter().position(|x| x == "-M").expect("-M");
+            a[i + 1].clone()
+        };
+        assert_eq!(
+            machine(Arch::Aarch64, true),
+            "virt,virtualization=on,gic-version=3"
+        );
+        assert_eq!(machine(Arch::Aarch64, false), "virt");
+        // x86's -cpu max has SVM already.
+        assert_eq!(machine(Arch::X86_64, true), "pc");
+    }
+
+    #[test]
     fn a_nested_kvm_boot_asks_for_the_cpu_as_declared_and_says_nested() {
         let k = std::path::Path::new("/k");
         let c = Config {

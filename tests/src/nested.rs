@@ -559,6 +559,7 @@ fn run_in(
         add,
         packages: Vec::new(),
         run: script(arch, &modules, &jobs, linux_timeout),
+        hypervisor: true,
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
     let config = Config::new(arch, Backend::Rustkvm, 2);

@@ -6,7 +6,7 @@
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
 //!               [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
-//!               [--add SRC[:DEST]]... [--packages P[,P]...]
+//!               [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor]
 //!               [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
 //! ```
 //! With `--kernel`: boot that kernel (its architecture read from the image,
@@ -14,7 +14,8 @@
 //! `--packages` for its architecture (`scripts/build-userland.sh`), the
 //! `--initrd`, `--modules` (a `modules_install` tree) and `--add`ed files
 //! on top (DEST defaults to /root/NAME), and run CMD as root after the
-//! probe. Prints, per configuration, CMD's output and exit status, then
+//! probe. `--hypervisor` boots it as a hypervisor, for KVM in it (arm64:
+//! `virt,virtualization=on,gic-version=3`, EL2; x86's `-cpu max` has SVM). Prints, per configuration, CMD's output and exit status, then
 //! the probe's table. CMD is expected to exit 0 everywhere unless
 //! `--expect PATTERN=fail` says otherwise for the configurations whose
 //! label, or backend part of it (`tcg`, `rustkvm,thread=single`), is
@@ -197,6 +198,7 @@ fn parse() -> Result<Args, HarnessError> {
                     .map(str::to_string),
             ),
             "--run" => spec.run = value("--run")?,
+            "--hypervisor" => spec.hypervisor = true,
             "--expect" => {
                 let v = value("--expect")?;
                 let (pattern, what) = v
@@ -222,7 +224,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
