@@ -439,6 +439,21 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
     .collect()
 }
 
+/// Panics unless the probe's report says `perf_event_open` counted its
+/// known loop exactly: instructions and branches (the oracle is the loop's
+/// own arithmetic, 2 instructions and 1 branch an iteration). For the
+/// tests of every PMU path (tests/tests/linux.rs, tests/tests/nested.rs).
+pub fn assert_perf_counts_exactly(report: &Value, label: &str) {
+    for ev in ["instructions", "branches"] {
+        assert_eq!(
+            report.pointer(&format!("/perf/{ev}/exact")),
+            Some(&Value::Bool(true)),
+            "{label}: {ev}: {}",
+            report["perf"][ev]
+        );
+    }
+}
+
 /// The JSON between the probe's markers in `console`.
 pub fn extract_report(console: &str) -> Result<Value, String> {
     let start = console
@@ -679,6 +694,11 @@ fn at(report: &Value, path: &str) -> Option<String> {
             .join(" "),
         other => other.to_string(),
     })
+}
+
+/// Whether a line of the report's dmesg contains `needle`.
+pub fn dmesg_has(report: &Value, needle: &str) -> bool {
+    dmesg_with(report, needle).is_some()
 }
 
 /// The dmesg line containing `needle`, from just after the timestamp.

@@ -139,10 +139,14 @@ fn shared_libraries(exe: &Path, arch: Arch) -> Result<Vec<PathBuf>, HarnessError
             exe.display()
         ))
     })?;
-    let mut libs = vec![PathBuf::from(&interp)];
-    let mut seen = std::collections::BTreeSet::new();
+    let interp = PathBuf::from(interp);
+    // By name, as the loader resolves them: the loader itself is also one
+    // of the names (ld-linux-*.so.*), already carried at its own path.
+    let mut seen: std::collections::BTreeSet<std::ffi::OsString> =
+        interp.file_name().map(Into::into).into_iter().collect();
+    let mut libs = vec![interp];
     while let Some(name) = queue.pop() {
-        if !seen.insert(name.clone()) {
+        if !seen.insert(name.clone().into()) {
             continue;
         }
         let found = dirs
@@ -156,9 +160,6 @@ fn shared_libraries(exe: &Path, arch: Arch) -> Result<Vec<PathBuf>, HarnessError
                     dirs.join(", ")
                 ))
             })?;
-        if found == Path::new(&interp) || libs.iter().any(|l| l.file_name() == found.file_name()) {
-            continue;
-        }
         queue.extend(elf_deps(&found)?.0);
         libs.push(found);
     }
@@ -277,9 +278,10 @@ impl Job<'_> {
     }
 }
 
-/// The L1 script: load `modules`, then run each job, its output between
-/// markers that [`parse`] reads.
-fn script(arch: Arch, modules: &[String], jobs: &[Job], linux_timeout: Duration) -> String {
+/// The L1 script: load `modules`, then run each job (with its QEMU
+/// arguments and time limit), its output between markers that [`parse`]
+/// reads.
+fn script(modules: &[String], jobs: &[(&Job, Vec<String>, Duration)]) -> String {
     let mut s = String::from(
         "# rustkvm nested runner (tests/src/nested.rs)\n\
          up() { cut -d' ' -f1 /proc/uptime; }\n",
@@ -317,8 +319,7 @@ fn script(arch: Arch, modules: &[String], jobs: &[Job], linux_timeout: Duration)
          echo \"===NESTED-BEGIN $label rc=$rc timedout=$to start=$start end=$(up)===\"; cat /tmp/out; \
          echo \"===NESTED-STDERR===\"; cat /tmp/err; [ $to = 1 ] && cat /tmp/diag; echo \"===NESTED-END===\"; }}\n"
     );
-    for j in jobs {
-        let (args, time) = j.command(arch, linux_timeout);
+    for (j, args, time) in jobs {
         let secs = time.as_secs().max(1);
         let argv: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
         s += &format!("job {} {secs} {}\n", sh_quote(&j.label), argv.join(" "));
@@ -552,20 +553,29 @@ fn run_in(
             label: format!("linux:{}", c.label()),
         });
     }
+    // Each job's QEMU arguments and time limit, for the script and the
+    // L1's budget.
+    let commands: Vec<(&Job, Vec<String>, Duration)> = jobs
+        .iter()
+        .map(|j| {
+            let (args, time) = j.command(arch, linux_timeout);
+            (j, args, time)
+        })
+        .collect();
     let spec = BootSpec {
         kernel: kernel.clone(),
         initrd: None,
         modules: None,
         add,
         packages: Vec::new(),
-        run: script(arch, &modules, &jobs, linux_timeout),
+        run: script(&modules, &commands),
         hypervisor: true,
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
     let config = Config::new(arch, Backend::Rustkvm, 2);
-    let budget: Duration = jobs
+    let budget: Duration = commands
         .iter()
-        .map(|j| j.command(arch, linux_timeout).1 + Duration::from_secs(10))
+        .map(|(_, _, time)| *time + Duration::from_secs(10))
         .sum::<Duration>()
         + L1_BOOT;
     // One guest at a time: room for one nested Linux's RAM on top.

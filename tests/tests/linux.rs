@@ -9,7 +9,7 @@
 use serde_json::Value;
 
 use rustkvm_tests::linux::{
-    self, BusyAmount, BusyTimes, Config, LinuxRun, Outcome, PmuModel, Workload,
+    self, dmesg_has, BusyAmount, BusyTimes, Config, LinuxRun, Outcome, PmuModel, Workload,
 };
 use rustkvm_tests::{Arch, Backend};
 
@@ -81,13 +81,6 @@ fn pmu_flags(r: &Value) -> Vec<&str> {
         .unwrap_or_default();
     f.sort_unstable();
     f
-}
-
-fn dmesg_has(r: &Value, needle: &str) -> bool {
-    r["dmesg"].as_array().is_some_and(|a| {
-        a.iter()
-            .any(|l| l.as_str().is_some_and(|l| l.contains(needle)))
-    })
 }
 
 fn unsupported(r: &Value, path: &str) -> bool {
@@ -524,14 +517,7 @@ fn x86_64_linux_intel_pmu_perf_counts_exactly_and_samples_under_rustkvm() {
 /// exactly, cycles plausibly; instructions sampled once per period; cycles
 /// sampled (their PMI comes from a timer).
 fn assert_perf_counts_and_samples(r: &Value, label: &str) {
-    for ev in ["instructions", "branches"] {
-        assert_eq!(
-            r.pointer(&format!("/perf/{ev}/exact")),
-            Some(&Value::Bool(true)),
-            "{label}: {ev}: {}",
-            r["perf"][ev]
-        );
-    }
+    linux::assert_perf_counts_exactly(r, label);
     assert!(
         r.pointer("/perf/cycles/delta")
             .and_then(Value::as_u64)

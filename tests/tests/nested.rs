@@ -1,7 +1,8 @@
 //! The kvm column for real: bundled guests on Linux's own KVM (kvm_amd on
 //! x86, KVM/arm64 at EL2 on arm64) inside a rustkvm L1 of each architecture
 //! (`rustkvm_tests::nested`, one L1 boot each), each held to its declared
-//! kvm (and kvm-nested) outcome, then Linux with the probe in the same L1. scripts/test-nested.sh runs it and every guest this way.
+//! kvm (and kvm-nested) outcome, then Linux with the probe in the same L1.
+//! scripts/test-nested.sh runs it and every guest this way.
 //!
 //! In the test command since the nested start hang was found (an interrupt
 //! L1's KVM injected was delivered twice, patch 0050; docs/nested.md): 10
@@ -118,46 +119,24 @@ fn report(run: &linux::LinuxRun) -> (String, &Value) {
     }
 }
 
-/// Whether a line of the report's dmesg contains `needle`.
-fn dmesg_has(r: &Value, needle: &str) -> bool {
-    r["dmesg"].as_array().is_some_and(|a| {
-        a.iter()
-            .any(|l| l.as_str().is_some_and(|l| l.contains(needle)))
-    })
-}
-
-/// KVM's vPMU over rustkvm's PMU counts the probe's known loop exactly
-/// (the oracle is the loop's own arithmetic: 2 instructions and 1 branch
-/// an iteration).
-fn perf_counts_exactly(r: &Value, label: &str) {
-    for ev in ["instructions", "branches"] {
-        assert_eq!(
-            r.pointer(&format!("/perf/{ev}/exact")),
-            Some(&Value::Bool(true)),
-            "{label}: {ev}: {}",
-            r["perf"][ev]
-        );
-    }
-}
-
 /// Linux nested on KVM/arm64 at EL2 of a rustkvm L1: KVM's SMCCC vendor
 /// UID, the PMUv3 driver over KVM's PMU emulation (perf events of L1's
 /// kernel on rustkvm's PMUv3), counting the probe's loop exactly, and KVM's
 /// PV stolen time.
 fn arm64_linux_on_real_kvm(run: &linux::LinuxRun) {
     let (label, r) = report(run);
-    let dmesg_has = |needle: &str| dmesg_has(r, needle);
+    let dmesg_has = |needle: &str| linux::dmesg_has(r, needle);
     for needle in ["smccc: KVM:", "armv8_pmuv3 PMU driver", "arm-pv"] {
         assert!(dmesg_has(needle), "{label}: {needle}: {}", r["dmesg"]);
     }
-    perf_counts_exactly(r, &label);
+    linux::assert_perf_counts_exactly(r, &label);
 }
 
 /// Linux nested on real KVM, whose vPMU programs rustkvm's PMU (GuestOnly
 /// counters, as kvm_amd does) and whose answers are KVM's own.
 fn linux_on_real_kvm(run: &linux::LinuxRun) {
     let (label, r) = report(run);
-    let dmesg_has = |needle: &str| dmesg_has(r, needle);
+    let dmesg_has = |needle: &str| linux::dmesg_has(r, needle);
     assert!(
         dmesg_has("Hypervisor detected: KVM"),
         "{label}: {}",
@@ -169,7 +148,7 @@ fn linux_on_real_kvm(run: &linux::LinuxRun) {
         Some("kvm-clock"),
         "{label}"
     );
-    perf_counts_exactly(r, &label);
+    linux::assert_perf_counts_exactly(r, &label);
     // KVM on an AMD host: VMCALL from user mode is #GP (SIGSEGV), which
     // rustkvm now answers too (tests/tests/linux.rs).
     assert_eq!(
