@@ -23,7 +23,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64 || die "dpkg --add-architecture arm64 failed"
     apt-get update -qq || die "apt-get update failed"
 fi
-for p in cpio gzip; do
+for p in cpio gzip kmod; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
         || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$p" >/dev/null || die "apt-get install $p failed"
 done
@@ -76,6 +76,14 @@ build_arch() {
         dpkg-deb -x "$kdeb" "$out/kernel" || die "cannot unpack $kdeb"
         basename "$kdeb" > "$out/kernel.src"
     fi
+    # The package ships no modules.dep (its postinst runs depmod): make it,
+    # for modprobe in the nested L1 (tests/src/nested.rs) and virtme-ng.
+    local kver
+    for kver in "$out"/kernel/lib/modules/*/; do
+        kver=$(basename "$kver")
+        [ -f "$out/kernel/lib/modules/$kver/modules.dep" ] \
+            || depmod -b "$out/kernel" "$kver" || die "depmod -b $out/kernel $kver failed"
+    done
 
     step "$arch: rustkvm-probe ($rust)"
     (cd "$RUSTKVM_ROOT" && cargo build --release --quiet -p rustkvm-probe --target "$rust") \
