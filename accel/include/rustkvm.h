@@ -774,12 +774,22 @@ uint32_t rustkvm_arm_pmu_write(RustkvmVcpu *vcpu, uint32_t encoding,
 /**
  * After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its
  * event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event
- * counters), the counting state in its CPUState (reset here) and the
- * generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call).
+ * counters), whether it has EL2 (`el2`: PMEVTYPER<n>_EL0.NSH exists), the
+ * counting state in its CPUState (reset here) and the generic timer's
+ * counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call). Then tell its
+ * exception level (rustkvm_arm_el_change()).
  */
 void rustkvm_arm_vcpu_setup(RustkvmVcpu *vcpu, bool pmu, uint32_t counters,
-                            bool v3p5, RustkvmCounting *counting,
+                            bool v3p5, bool el2, RustkvmCounting *counting,
                             uint64_t cntfrq_hz);
+/**
+ * The AArch64 vCPU is at exception level `el` now: after each exception
+ * taken and each exception return of a vCPU with EL2 (its PMU counts EL2
+ * apart from EL1: the counting engine's privileged totals are both), and
+ * after its setup and after rustkvm_arm_pmu_load(). A repeated report
+ * changes nothing.
+ */
+void rustkvm_arm_el_change(RustkvmVcpu *vcpu, uint32_t el);
 /** As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU. */
 void rustkvm_arm_pmu_due(RustkvmVcpu *vcpu);
 /** PMCEID0_EL0 (n = 0) or PMCEID1_EL0 (n = 1): the events counted. */

@@ -1433,15 +1433,32 @@ pub unsafe extern "C" fn rustkvm_arm_vcpu_setup(
     pmu: bool,
     counters: u32,
     v3p5: bool,
+    el2: bool,
     counting: *mut header::RustkvmCounting,
     cntfrq_hz: u64,
 ) {
     // SAFETY: forwarded caller contract.
     if let Some(v) = unsafe { arm_ref(vcpu) } {
-        let n = pmu.then(|| counters.min(31) as u8);
+        let config = crate::arm::pmu::PmuConfig {
+            counters: pmu.then(|| counters.min(31) as u8),
+            v3p5,
+            el2,
+        };
         // SAFETY: as in rustkvm_x86_vcpu_setup (forwarded caller contract).
         let counting = unsafe { CountingPtr::new(counting.cast::<Counting>()) };
-        v.setup(n, v3p5, counting, cntfrq_hz);
+        v.setup(config, counting, cntfrq_hz);
+    }
+}
+
+/// The AArch64 vCPU is at exception level `el` now (its thread).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_el_change(vcpu: *mut RustkvmVcpu, el: u32) {
+    // SAFETY: forwarded caller contract.
+    if let Some(v) = unsafe { arm_ref(vcpu) } {
+        v.el_change(el);
     }
 }
 

@@ -668,15 +668,20 @@ unsafe extern "C" {
         -> u32;
 }
 unsafe extern "C" {
-    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters), the counting state in its CPUState (reset here) and the\n generic timer's counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call)."]
+    #[doc = " After each reset of an AArch64 vCPU: whether it has PMUv3 (`pmu`), its\n event counters (PMCR_EL0.N), whether it has PMUv3p5 (64-bit event\n counters), whether it has EL2 (`el2`: PMEVTYPER<n>_EL0.NSH exists), the\n counting state in its CPUState (reset here) and the generic timer's\n counter frequency in Hz (CNTFRQ_EL0; KVM's PTP call). Then tell its\n exception level (rustkvm_arm_el_change())."]
     pub fn rustkvm_arm_vcpu_setup(
         vcpu: *mut RustkvmVcpu,
         pmu: bool,
         counters: u32,
         v3p5: bool,
+        el2: bool,
         counting: *mut RustkvmCounting,
         cntfrq_hz: u64,
     );
+}
+unsafe extern "C" {
+    #[doc = " The AArch64 vCPU is at exception level `el` now: after each exception\n taken and each exception return of a vCPU with EL2 (its PMU counts EL2\n apart from EL1: the counting engine's privileged totals are both), and\n after its setup and after rustkvm_arm_pmu_load(). A repeated report\n changes nothing."]
+    pub fn rustkvm_arm_el_change(vcpu: *mut RustkvmVcpu, el: u32);
 }
 unsafe extern "C" {
     #[doc = " As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU."]

@@ -291,9 +291,9 @@ impl GuestTest {
                     "machine" => test.machine = Some(value.to_string()),
                     "needs" => {
                         for n in value.split(',') {
-                            if !matches!(n, "pmu" | "pv-eoi" | "lbr" | "pebs") {
+                            if !matches!(n, "pmu" | "pv-eoi" | "lbr" | "pebs" | "el2") {
                                 return Err(bad(format!(
-                                    "needs={n}: known: pmu, pv-eoi, lbr, pebs"
+                                    "needs={n}: known: pmu, pv-eoi, lbr, pebs, el2"
                                 )));
                             }
                             test.needs.push(n.to_string());

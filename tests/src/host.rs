@@ -43,6 +43,36 @@ pub fn kvm_no_pmu() -> Option<String> {
     matches!(v.trim(), "N" | "0").then(|| "host KVM has no vPMU (kvm.enable_pmu=N)".to_string())
 }
 
+/// `KVM_CHECK_EXTENSION`, `_IO(KVMIO, 0x03)` (include/uapi/linux/kvm.h).
+const KVM_CHECK_EXTENSION: libc::c_ulong = 0xae03;
+/// `KVM_CAP_ARM_EL2`: KVM gives an arm64 guest EL2 (nested virtualization,
+/// Linux 6.16 and later on FEAT_NV2 hardware).
+const KVM_CAP_ARM_EL2: libc::c_ulong = 240;
+
+/// Why the host KVM cannot give a guest EL2 (`-M virt,virtualization=on`),
+/// if it cannot: QEMU refuses the machine on KVM without KVM_CAP_ARM_EL2.
+pub fn kvm_no_el2() -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let kvm = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(f) => f,
+        Err(e) => return Some(format!("/dev/kvm: {e}")),
+    };
+    // SAFETY: KVM_CHECK_EXTENSION on the open /dev/kvm takes the
+    // capability number by value and touches no memory of ours.
+    let n = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_CHECK_EXTENSION as _, KVM_CAP_ARM_EL2) };
+    (n <= 0).then(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        format!(
+            "host KVM (Linux {}) gives guests no EL2 (no KVM_CAP_ARM_EL2: Linux 6.16 and later, on FEAT_NV2 hardware)",
+            release.trim()
+        )
+    })
+}
+
 /// Why the host KVM offers a guest no legacy LBR, if it does not: KVM
 /// passes the host's LBR through (`vmx_get_perf_capabilities`), so the host's
 /// perf must have one (its depth in `cpu/caps/branches`), and not Arch LBR,

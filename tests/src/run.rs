@@ -355,6 +355,11 @@ pub fn kvm_skip(test: &GuestTest, arch: Arch) -> Option<String> {
             return Some(why);
         }
     }
+    if test.needs.iter().any(|n| n == "el2") {
+        if let Some(why) = host::kvm_no_el2() {
+            return Some(why);
+        }
+    }
     if test.needs.iter().any(|n| n == "pv-eoi") {
         if let Some(why) = host::kvm_apicv() {
             return Some(why);

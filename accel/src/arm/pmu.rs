@@ -54,10 +54,16 @@ pub mod evtyper {
     pub const P: u64 = 1 << 31;
     /// Do not count at EL0.
     pub const U: u64 = 1 << 30;
+    /// Count at (Non-secure) EL2: 0 prohibits it (Arm ARM D24.5
+    /// PMEVTYPER<n>_EL0.NSH; `ARMV8_PMU_INCLUDE_EL2`). Exists with EL2.
+    pub const NSH: u64 = 1 << 27;
     /// evtCount (PMUv3p1 and later: 16 bits).
     pub const EVENT: u64 = 0xffff;
     /// What a KVM guest without EL2 or EL3 can write (`kvm_pmu_evtyper_mask`).
     pub const MASK: u64 = P | U | EVENT;
+    /// ... and a guest with EL2 (`kvm_pmu_evtyper_mask` with
+    /// ID_AA64PFR0_EL1.EL2 implemented: `ARMV8_PMU_INCLUDE_EL2` too).
+    pub const MASK_EL2: u64 = MASK | NSH;
 }
 
 /// PMUSERENR_EL0 bits.
@@ -209,24 +215,26 @@ pub enum PmuError {
     NoPmu,
 }
 
-/// Monotonic per-vCPU event totals the accelerator maintains; index 0 is
-/// EL0, index 1 is EL1.
+/// Monotonic per-vCPU event totals the accelerator maintains, by the
+/// exception level they happened at: index 0 is EL0, 1 is EL1, 2 is EL2
+/// (only a vCPU with EL2 has any there).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Events {
     /// Instructions architecturally executed.
-    pub instructions: [u64; 2],
+    pub instructions: [u64; 3],
     /// Branch instructions architecturally executed.
-    pub branches: [u64; 2],
+    pub branches: [u64; 3],
     /// Load and store instructions (one access each).
-    pub mem_accesses: [u64; 2],
+    pub mem_accesses: [u64; 3],
     /// Instructions that load (atomics both load and store).
-    pub loads: [u64; 2],
+    pub loads: [u64; 3],
     /// Instructions that store.
-    pub stores: [u64; 2],
+    pub stores: [u64; 3],
     /// Exceptions taken, by the EL they were taken from.
-    pub exceptions: [u64; 2],
-    /// Cycles the vCPU ran (not split by exception level).
-    pub cycles: u64,
+    pub exceptions: [u64; 3],
+    /// Cycles the vCPU ran outside EL2 (index 0: EL0 and EL1 are not told
+    /// apart) and at EL2 (index 1).
+    pub cycles: [u64; 2],
 }
 
 /// An event rustkvm counts from the totals.
@@ -321,14 +329,28 @@ pub struct PmuConfig {
     pub counters: Option<u8>,
     /// PMUv3p5: 64-bit event counters and PMCR_EL0.LP.
     pub v3p5: bool,
+    /// The vCPU has EL2 (`-M virt,virtualization=on`): PMEVTYPER<n>_EL0.NSH
+    /// and PMCCFILTR_EL0.NSH exist and choose whether EL2 counts.
+    pub el2: bool,
 }
 
 impl PmuConfig {
-    /// KVM's default on a typical host: 6 counters, PMUv3p5.
+    /// KVM's default on a typical host: 6 counters, PMUv3p5, a guest
+    /// without EL2.
     pub const DEFAULT: PmuConfig = PmuConfig {
         counters: Some(6),
         v3p5: true,
+        el2: false,
     };
+
+    /// The event type bits a guest can write (`kvm_pmu_evtyper_mask`).
+    fn evtyper_mask(self) -> u64 {
+        if self.el2 {
+            evtyper::MASK_EL2
+        } else {
+            evtyper::MASK
+        }
+    }
 
     fn n(self) -> usize {
         usize::from(self.counters.unwrap_or(0)).min(MAX_COUNTERS)
@@ -376,7 +398,7 @@ impl Pmu {
     /// PMUSERENR_EL0 0.
     pub fn new(config: PmuConfig) -> Pmu {
         let m = config.mask();
-        let mut evtyper = [RESET_UNKNOWN & evtyper::MASK; 32];
+        let mut evtyper = [RESET_UNKNOWN & config.evtyper_mask(); 32];
         evtyper[CYCLE_IDX] = 0;
         let mut counters = [Counter {
             value: RESET_UNKNOWN & 0xffff_ffff,
@@ -423,16 +445,26 @@ impl Pmu {
         self.pmcr & pmcr::E != 0 && self.cnten & 1 << i != 0
     }
 
-    /// The selected total of counter `i` through its EL filter (P excludes
-    /// EL1, U excludes EL0; cycles are not split by EL: either counts).
+    /// The selected total of counter `i` through its EL filter (U excludes
+    /// EL0, P excludes EL1, NSH includes EL2: Arm ARM D12.6 and QEMU's
+    /// `pmu_counter_enabled`; the cycles outside EL2 are not split between
+    /// EL0 and EL1: either counts them).
     fn total(&self, i: usize, ev: &Events) -> Option<u64> {
         let Source::Totals(c) = self.source(i) else {
             return None;
         };
         let t = self.evtyper[i];
-        let (el0, el1) = (t & evtyper::U == 0, t & evtyper::P == 0);
-        let split =
-            |v: [u64; 2]| (if el0 { v[0] } else { 0 }).wrapping_add(if el1 { v[1] } else { 0 });
+        let on = [
+            t & evtyper::U == 0,
+            t & evtyper::P == 0,
+            t & evtyper::NSH != 0,
+        ];
+        let split = |v: [u64; 3]| {
+            v.iter()
+                .zip(on)
+                .filter(|&(_, counts)| counts)
+                .fold(0u64, |s, (&n, _)| s.wrapping_add(n))
+        };
         Some(match c {
             Counted::Instructions => split(ev.instructions),
             Counted::Branches => split(ev.branches),
@@ -440,8 +472,8 @@ impl Pmu {
             Counted::Loads => split(ev.loads),
             Counted::Stores => split(ev.stores),
             Counted::Exceptions => split(ev.exceptions),
-            Counted::Cycles if el0 || el1 => ev.cycles,
-            Counted::Cycles => 0,
+            Counted::Cycles => (if on[0] || on[1] { ev.cycles[0] } else { 0 })
+                .wrapping_add(if on[2] { ev.cycles[1] } else { 0 }),
         })
     }
 
@@ -636,7 +668,7 @@ impl Pmu {
         }
     }
 
-    /// MRS of `reg` at EL `el` (0 or 1) with the totals `ev`.
+    /// MRS of `reg` at EL `el` (0, 1 or 2) with the totals `ev`.
     pub fn read(&self, reg: PmuReg, el: u8, ev: &Events) -> Result<u64, PmuError> {
         if !self.present() {
             return Err(PmuError::NoPmu);
@@ -714,7 +746,7 @@ impl Pmu {
             PmuReg::Ccntr => self.counters[CYCLE_IDX].value = value,
             PmuReg::Xevtyper => {
                 let i = self.check_counter(self.selected())?;
-                self.evtyper[i] = value & evtyper::MASK;
+                self.evtyper[i] = value & self.config.evtyper_mask();
             }
             PmuReg::Xevcntr => {
                 let i = self.check_counter(self.selected())?;
@@ -727,7 +759,7 @@ impl Pmu {
             }
             PmuReg::Evtyper(n) => {
                 let i = self.check_counter(n)?;
-                self.evtyper[i] = value & evtyper::MASK;
+                self.evtyper[i] = value & self.config.evtyper_mask();
             }
         }
         // Counting restarts from the totals now for whatever changed.
@@ -775,7 +807,7 @@ impl Pmu {
         self.selr = r[4];
         self.userenr = r[5] & userenr::MASK;
         for i in 0..32 {
-            self.evtyper[i] = r[6 + i] & evtyper::MASK;
+            self.evtyper[i] = r[6 + i] & self.config.evtyper_mask();
             if self.exists(i) {
                 self.set_counter(i, r[38 + i]);
             }
@@ -834,13 +866,13 @@ mod tests {
 
     fn ev(el0: u64, el1: u64) -> Events {
         Events {
-            instructions: [el0, el1],
-            branches: [el0 / 4, el1 / 4],
-            mem_accesses: [el0 / 3, el1 / 3],
-            loads: [el0 / 5, el1 / 5],
-            stores: [el0 / 6, el1 / 6],
-            exceptions: [el0 / 100, el1 / 100],
-            cycles: 2 * (el0 + el1),
+            instructions: [el0, el1, 0],
+            branches: [el0 / 4, el1 / 4, 0],
+            mem_accesses: [el0 / 3, el1 / 3, 0],
+            loads: [el0 / 5, el1 / 5, 0],
+            stores: [el0 / 6, el1 / 6, 0],
+            exceptions: [el0 / 100, el1 / 100, 0],
+            cycles: [2 * (el0 + el1), 0],
         }
     }
 
@@ -881,6 +913,44 @@ mod tests {
         }
     }
 
+    /// PMCCFILTR_EL0 and PMEVTYPER<n>_EL0 filter EL2 by NSH alone (P and
+    /// U leave EL2 alone: Arm ARM D24.5; QEMU's `pmu_counter_enabled`),
+    /// and NSH exists only for a vCPU with EL2.
+    #[test]
+    fn nsh_alone_decides_what_counts_at_el2() {
+        let config = PmuConfig {
+            el2: true,
+            ..PmuConfig::DEFAULT
+        };
+        let mut p = Pmu::new(config);
+        let e = Events {
+            instructions: [1, 20, 300],
+            cycles: [4_000, 50_000],
+            ..Events::default()
+        };
+        let (pu, nsh) = (evtyper::P | evtyper::U, evtyper::NSH);
+        for (t, insns, cycles) in [
+            (0, 21, 4_000),
+            (nsh, 321, 54_000),
+            (pu, 0, 0),
+            (pu | nsh, 300, 50_000),
+            (evtyper::U, 20, 4_000),
+        ] {
+            p.write(PmuReg::Evtyper(0), t | 0x08, 2, &e).unwrap();
+            p.write(PmuReg::Evtyper(31), t, 2, &e).unwrap();
+            assert_eq!(p.total(0, &e), Some(insns), "PMEVTYPER0 {t:#x}");
+            assert_eq!(p.total(CYCLE_IDX, &e), Some(cycles), "PMCCFILTR {t:#x}");
+            assert_eq!(p.read(PmuReg::Evtyper(31), 2, &e), Ok(t));
+        }
+        let mut p = Pmu::new(PmuConfig::DEFAULT);
+        p.write(PmuReg::Evtyper(31), pu | nsh, 1, &e).unwrap();
+        assert_eq!(
+            p.read(PmuReg::Evtyper(31), 1, &e),
+            Ok(pu),
+            "RES0 without EL2"
+        );
+    }
+
     #[test]
     fn encodings_decode_to_the_pmu_registers() {
         assert_eq!(PmuReg::decode(enc(3, 3, 9, 12, 0)), Some(PmuReg::Pmcr));
@@ -918,7 +988,7 @@ mod tests {
         assert!(!p.irq_level(), "E is 0");
         let none = Pmu::new(PmuConfig {
             counters: None,
-            v3p5: true,
+            ..PmuConfig::DEFAULT
         });
         assert_eq!(none.read(PmuReg::Pmcr, 1, &e), Err(PmuError::NoPmu));
     }
@@ -1004,6 +1074,7 @@ mod tests {
         let mut q = Pmu::new(PmuConfig {
             counters: Some(2),
             v3p5: false,
+            el2: false,
         });
         q.write(PmuReg::Pmcr, pmcr::LP, 1, &e0).unwrap();
         assert_eq!(q.read(PmuReg::Pmcr, 1, &e0), Ok(2 << 11));
@@ -1080,9 +1151,9 @@ mod tests {
         p.write(PmuReg::CntenSet, 0b100, 1, &e0).unwrap();
         assert!(p.counts_exceptions());
         let e = Events {
-            loads: [3, 40],
-            stores: [5, 60],
-            exceptions: [1, 2],
+            loads: [3, 40, 0],
+            stores: [5, 60, 0],
+            exceptions: [1, 2, 0],
             ..Events::default()
         };
         assert_eq!(p.read(PmuReg::Evcntr(0), 1, &e), Ok(43));

@@ -35,6 +35,52 @@ pub(crate) struct ArmLocal {
     unhalted: Unhalted,
     /// The counting engine's state in QEMU's CPU state (None: none).
     counting: Option<CountingPtr>,
+    /// What of the engine's privileged totals is EL2's.
+    el2: El2Split,
+}
+
+/// How many privileged totals [`El2Split`] follows: the engine's six
+/// (instructions, branches, memory accesses, loads, stores, exceptions
+/// taken) and the cycles.
+const SPLIT: usize = 7;
+
+/// EL2's share of the privileged totals. The engine counts EL1 and EL2
+/// together as privileged (a block's `count_priv`); QEMU reports every
+/// change of exception level of a vCPU with EL2 (an exception taken, an
+/// exception return: [`Arm::el_change`]), and what the privileged totals
+/// and the cycles gained while the vCPU was at EL2 is EL2's.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct El2Split {
+    /// Gained at EL2 over the visits that ended.
+    done: [u64; SPLIT],
+    /// The totals as the vCPU entered EL2, while it is there.
+    entered: Option<[u64; SPLIT]>,
+}
+
+impl El2Split {
+    /// EL2's share of the totals `now`.
+    fn at_el2(&self, now: &[u64; SPLIT]) -> [u64; SPLIT] {
+        let mut s = self.done;
+        if let Some(e) = self.entered {
+            for k in 0..SPLIT {
+                s[k] = s[k].wrapping_add(now[k].wrapping_sub(e[k]));
+            }
+        }
+        s
+    }
+
+    /// The vCPU is at `el` with the totals `now` (any report: a repeated
+    /// one changes nothing).
+    fn at(&mut self, el: u32, now: [u64; SPLIT]) {
+        match (self.entered.is_some(), el == 2) {
+            (true, false) => {
+                self.done = self.at_el2(&now);
+                self.entered = None;
+            }
+            (false, true) => self.entered = Some(now),
+            _ => {}
+        }
+    }
 }
 
 impl Default for ArmLocal {
@@ -43,9 +89,11 @@ impl Default for ArmLocal {
             pmu: pmu::Pmu::new(pmu::PmuConfig {
                 counters: None,
                 v3p5: false,
+                el2: false,
             }),
             unhalted: Unhalted::default(),
             counting: None,
+            el2: El2Split::default(),
         }
     }
 }
@@ -67,18 +115,37 @@ impl ArmLocal {
         self.counting.map(|p| unsafe { p.get() })
     }
 
-    /// The PMU's event totals now.
-    fn events(&mut self, shared: &Shared) -> pmu::Events {
+    /// The engine's totals (EL0, privileged for each event) and the cycles.
+    fn raw(&mut self, shared: &Shared) -> ([u64; 12], u64) {
         let cycles = self.unhalted.cycles(shared);
-        let e = self.counting().map_or([0; 12], |c| c.totals());
+        (self.counting().map_or([0; 12], |c| c.totals()), cycles)
+    }
+
+    /// The privileged totals [`El2Split`] follows.
+    fn privileged((e, cycles): ([u64; 12], u64)) -> [u64; SPLIT] {
+        [e[1], e[3], e[5], e[7], e[9], e[11], cycles]
+    }
+
+    /// The vCPU is at `el` now (see [`El2Split`]).
+    fn note_el(&mut self, shared: &Shared, el: u32) {
+        let now = Self::privileged(self.raw(shared));
+        self.el2.at(el, now);
+    }
+
+    /// The PMU's event totals now, by exception level.
+    fn events(&mut self, shared: &Shared) -> pmu::Events {
+        let raw = self.raw(shared);
+        let el2 = self.el2.at_el2(&Self::privileged(raw));
+        let (e, cycles) = raw;
+        let by_el = |k: usize| [e[2 * k], e[2 * k + 1].wrapping_sub(el2[k]), el2[k]];
         pmu::Events {
-            instructions: [e[0], e[1]],
-            branches: [e[2], e[3]],
-            mem_accesses: [e[4], e[5]],
-            loads: [e[6], e[7]],
-            stores: [e[8], e[9]],
-            exceptions: [e[10], e[11]],
-            cycles,
+            instructions: by_el(0),
+            branches: by_el(1),
+            mem_accesses: by_el(2),
+            loads: by_el(3),
+            stores: by_el(4),
+            exceptions: by_el(5),
+            cycles: [cycles.wrapping_sub(el2[6]), el2[6]],
         }
     }
 
@@ -216,6 +283,7 @@ impl<'a> Arm<'a> {
     fn pmu_access<T>(
         &self,
         encoding: u32,
+        el: u32,
         f: impl FnOnce(&mut ArmLocal, PmuReg, &pmu::Events) -> Route<T>,
     ) -> Route<T> {
         let Some(reg) = PmuReg::decode(encoding) else {
@@ -226,6 +294,7 @@ impl<'a> Arm<'a> {
             if !l.pmu.present() {
                 return Route::Unhandled;
             }
+            l.note_el(shared, el);
             let ev = l.events(shared);
             f(l, reg, &ev)
         })
@@ -234,9 +303,9 @@ impl<'a> Arm<'a> {
     /// MRS of a PMU system register (KVM `sys_reg()` encoding) at `el`.
     pub fn pmu_read(&self, encoding: u32, el: u32) -> Route<u64> {
         bump(&self.vcpu.routes.pmu_read);
-        self.pmu_access(encoding, |l, reg, ev| {
+        self.pmu_access(encoding, el, |l, reg, ev| {
             l.pmu
-                .read(reg, el.min(1) as u8, ev)
+                .read(reg, el.min(2) as u8, ev)
                 .map_or(Route::Fault, Route::Handled)
         })
     }
@@ -245,8 +314,8 @@ impl<'a> Arm<'a> {
     pub fn pmu_write(&self, encoding: u32, el: u32, value: u64) -> Route<()> {
         bump(&self.vcpu.routes.pmu_write);
         let shared = self.shared();
-        self.pmu_access(encoding, |l, reg, ev| {
-            match l.pmu.write(reg, value, el.min(1) as u8, ev) {
+        self.pmu_access(encoding, el, |l, reg, ev| {
+            match l.pmu.write(reg, value, el.min(2) as u8, ev) {
                 Ok(fx) => {
                     l.publish(shared, ev, fx.irq);
                     Route::Handled(())
@@ -254,6 +323,13 @@ impl<'a> Arm<'a> {
                 Err(_) => Route::Fault,
             }
         })
+    }
+
+    /// QEMU took an exception or returned from one: the vCPU is at `el`
+    /// now (reported for a vCPU with EL2, and after each reset and load).
+    pub fn el_change(&self, el: u32) {
+        let shared = self.shared();
+        self.local(|l| l.note_el(shared, el));
     }
 
     /// The PMI budget ran out (see `rustkvm_arm_pmu_due`): sync, publish.
@@ -300,29 +376,31 @@ impl<'a> Arm<'a> {
     }
 
     /// Load saved PMU registers (the vCPU is stopped).
+    /// The EL2 split starts again from the engine's totals now (which a
+    /// load need not keep): every counter continues from its saved value.
     pub fn pmu_load(&self, regs: &[u64; pmu::SAVED_REGS]) {
         let shared = self.shared();
         self.local(|l| {
+            let now = ArmLocal::privileged(l.raw(shared));
+            l.el2 = El2Split {
+                done: [0; SPLIT],
+                entered: l.el2.entered.map(|_| now),
+            };
             let ev = l.events(shared);
             let irq = l.pmu.load_regs(regs, &ev).irq;
             l.publish(shared, &ev, irq);
         });
     }
 
-    /// After each reset: the vCPU's PMUv3 (None: none; Some(n): n event
-    /// counters), PMUv3p5, the counting engine's state (reset) and the
-    /// generic timer's counter frequency (Hz; 0: unknown).
-    pub fn setup(
-        &self,
-        counters: Option<u8>,
-        v3p5: bool,
-        counting: Option<CountingPtr>,
-        cntfrq_hz: u64,
-    ) {
+    /// After each reset: the vCPU's PMUv3 (`counters` None: none), the
+    /// counting engine's state (reset) and the generic timer's counter
+    /// frequency (Hz; 0: unknown). The vCPU is at EL1 until told otherwise
+    /// ([`Arm::el_change`]).
+    pub fn setup(&self, config: pmu::PmuConfig, counting: Option<CountingPtr>, cntfrq_hz: u64) {
         self.a.cntfrq_hz.store(cntfrq_hz, Ordering::Relaxed);
         self.local(|l| {
             *l = ArmLocal {
-                pmu: pmu::Pmu::new(pmu::PmuConfig { counters, v3p5 }),
+                pmu: pmu::Pmu::new(config),
                 counting,
                 ..ArmLocal::default()
             };
@@ -378,6 +456,20 @@ mod tests {
     use crate::machine::Arch;
     use crate::vcpu::{ResetKind, TestCounting};
 
+    /// An AArch64 vCPU with KVM's default PMUv3 (6 counters, PMUv3p5),
+    /// with or without EL2, on a test counting state.
+    fn pmu_vcpu(el2: bool) -> (Vcpu, TestCounting) {
+        let vcpu = Vcpu::new(0, Arch::Aarch64);
+        let c = TestCounting::new(Counting::default());
+        let config = pmu::PmuConfig {
+            counters: Some(6),
+            v3p5: true,
+            el2,
+        };
+        vcpu.arm().unwrap().setup(config, c.ptr(), 1_000_000_000);
+        (vcpu, c)
+    }
+
     #[test]
     fn no_feature_claims_anything_yet() {
         let vcpu = Vcpu::new(1, Arch::Aarch64);
@@ -394,10 +486,8 @@ mod tests {
     #[test]
     fn the_arm64_pmu_reads_the_engines_totals_and_drives_the_interrupt_level() {
         use crate::arm::pmu::{evtyper, pmcr};
-        let vcpu = Vcpu::new(0, Arch::Aarch64);
+        let (vcpu, c) = pmu_vcpu(false);
         let v = vcpu.arm().unwrap();
-        let c = TestCounting::new(Counting::default());
-        v.setup(Some(6), true, c.ptr(), 1_000_000_000);
         // sys_reg() encodings: PMCR_EL0, PMCNTENSET/CLR, PMINTENSET/CLR_EL1,
         // PMOVSCLR, PMEVTYPER0, PMEVCNTR0.
         let (pmcr_el0, cntenset, cntenclr, intenset, intenclr, ovsclr) =
@@ -437,6 +527,85 @@ mod tests {
         );
         assert_eq!(v.pmu_write(ovsclr, 1, 1), Route::Handled(()));
         assert_eq!(c.get().pmi, 0, "level low again");
+    }
+
+    #[test]
+    fn what_a_vcpu_with_el2_does_at_el2_counts_at_el2_alone() {
+        use crate::arm::pmu::{evtyper, pmcr};
+        let (vcpu, c) = pmu_vcpu(true);
+        let v = vcpu.arm().unwrap();
+        // PMEVTYPER0..2 and PMEVCNTR0..2, PMCNTENSET, PMCR_EL0.
+        let (evtyper, evcntr) = (|n| 0xdf60 + n, |n| 0xdf40 + n);
+        let (cntenset, pmcr_el0) = (0xdce1, 0xdce0);
+        let inst = 0x08;
+        // 0: EL1 only (U excludes EL0, NSH clear excludes EL2); 1: EL2 only
+        // (P, U set; NSH set); 2: every level.
+        let types = [
+            evtyper::U,
+            evtyper::P | evtyper::U | evtyper::NSH,
+            evtyper::NSH,
+        ];
+        for (n, t) in types.into_iter().enumerate() {
+            let n = n as u32;
+            assert_eq!(v.pmu_write(evtyper(n), 2, t | inst), Route::Handled(()));
+            assert_eq!(
+                v.pmu_read(evtyper(n), 2),
+                Route::Handled(t | inst),
+                "NSH kept with EL2"
+            );
+            assert_eq!(v.pmu_write(evcntr(n), 2, 0), Route::Handled(()));
+        }
+        assert_eq!(v.pmu_write(cntenset, 2, 0b111), Route::Handled(()));
+        assert_eq!(v.pmu_write(pmcr_el0, 2, pmcr::E), Route::Handled(()));
+        let counts = |v: &Arm| (0..3).map(|n| v.pmu_read(evcntr(n), 1)).collect::<Vec<_>>();
+        let h = Route::Handled;
+        // The write above was at EL2 (the access reports it): 7 privileged
+        // instructions there, then the vCPU returns to EL1.
+        c.update(|c| c.events[1] += 7);
+        v.el_change(1);
+        v.el_change(1); // a repeated report changes nothing
+        assert_eq!(counts(&v), [h(0), h(7), h(7)]);
+        c.update(|c| c.events[1] += 5); // at EL1
+        c.update(|c| c.events[0] += 3); // at EL0 (the engine tells EL0 apart)
+        assert_eq!(counts(&v), [h(5), h(7), h(15)]);
+        v.el_change(2);
+        c.update(|c| c.events[1] += 100); // at EL2 again
+        assert_eq!(
+            counts(&v),
+            [h(5), h(107), h(115)],
+            "read at EL1 in the middle"
+        );
+        v.el_change(1);
+        c.update(|c| c.events[1] += 1);
+        assert_eq!(counts(&v), [h(6), h(107), h(116)]);
+
+        // Without EL2, NSH is RES0: it reads 0 and counts nothing apart.
+        let (vcpu, _c) = pmu_vcpu(false);
+        let v = vcpu.arm().unwrap();
+        let t = evtyper::P | evtyper::U | evtyper::NSH | inst;
+        assert_eq!(v.pmu_write(evtyper(0), 1, t), Route::Handled(()));
+        assert_eq!(v.pmu_read(evtyper(0), 1), Route::Handled(t & !evtyper::NSH));
+    }
+
+    #[test]
+    fn a_load_at_el2_continues_the_counters_from_their_saved_values() {
+        use crate::arm::pmu::{evtyper, pmcr};
+        let (vcpu, c) = pmu_vcpu(true);
+        let v = vcpu.arm().unwrap();
+        let nsh_only = evtyper::P | evtyper::U | evtyper::NSH | 0x08;
+        assert_eq!(v.pmu_write(0xdf60, 2, nsh_only), Route::Handled(()));
+        assert_eq!(v.pmu_write(0xdf40, 2, 0), Route::Handled(()));
+        assert_eq!(v.pmu_write(0xdce1, 2, 1), Route::Handled(()));
+        assert_eq!(v.pmu_write(0xdce0, 2, pmcr::E), Route::Handled(()));
+        c.update(|c| c.events[1] += 40);
+        let saved = v.pmu_save();
+        assert_eq!(v.pmu_read(0xdf40, 2), Route::Handled(40));
+        // The engine's totals need not survive (a fresh destination).
+        c.update(|c| c.events[1] = 1_000);
+        v.pmu_load(&saved);
+        assert_eq!(v.pmu_read(0xdf40, 2), Route::Handled(40), "continues at 40");
+        c.update(|c| c.events[1] += 2);
+        assert_eq!(v.pmu_read(0xdf40, 2), Route::Handled(42));
     }
 
     #[test]

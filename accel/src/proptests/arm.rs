@@ -337,12 +337,15 @@ impl World {
     }
 
     fn setup(&mut self, i: usize) {
-        self.vcpus[i].arm().unwrap().setup(
-            self.pmu.0,
-            self.pmu.1,
-            self.counting[i].ptr(),
-            1_000_000_000,
-        );
+        let config = crate::arm::pmu::PmuConfig {
+            counters: self.pmu.0,
+            v3p5: self.pmu.1,
+            el2: false,
+        };
+        self.vcpus[i]
+            .arm()
+            .unwrap()
+            .setup(config, self.counting[i].ptr(), 1_000_000_000);
     }
 
     fn active(&self) -> Vec<Region> {

@@ -3,6 +3,13 @@
 //! through VBAR_EL1, exit through semihosting (`-semihosting-config
 //! enable=on,target=native`), PSCI through HVC (the virt machine's conduit
 //! without EL2/EL3).
+//!
+//! With `-M virt,virtualization=on` QEMU enters at EL2 (and its PSCI conduit
+//! is SMC): the runtime sets EL2 up for an AArch64 EL1 (HCR_EL2.RW, the EL1
+//! physical counter and timer, FP/SIMD and the GICv3 system registers
+//! untrapped, a stub at VBAR_EL2) and drops to EL1, so every guest runs as
+//! without EL2. The stub forwards `hvc #0` (PSCI, SMCCC) as `smc #0` and
+//! runs [`run_el2`]'s function at EL2 for `hvc #1`.
 
 use core::arch::{asm, global_asm};
 
@@ -31,6 +38,7 @@ global_asm!(
     .section .text.boot, "ax"
     .global _start
 _start:
+    bl guest_el2_to_el1
     ldr x0, =__stack_top
     mov sp, x0
     bl guest_cpu_setup
@@ -47,11 +55,104 @@ _start:
     /* PSCI CPU_ON entry for secondaries: x0 = context id = stack top */
     .global guest_secondary_entry
 guest_secondary_entry:
+    bl guest_el2_to_el1
     mov sp, x0
     bl guest_cpu_setup
     bl guest_secondary_main
 4:  wfi
     b 4b
+
+    /* Entered at EL2: set EL2 up for an AArch64 EL1 (HCR_EL2.RW; CNTHCTL_EL2
+       EL1PCTEN | EL1PCEN; CNTVOFF_EL2 0; CPTR_EL2 its RES1 bits, TFP and
+       TZ clear; ICC_SRE_EL2 SRE | Enable with a GICv3 CPU interface;
+       MDCR_EL2 as reset: HPMN = PMCR_EL0.N, no traps), install the stub
+       vectors and this CPU's EL2 stack (by MPIDR Aff0), note it, and
+       return to the caller at EL1h, DAIF masked. At EL1: return. Keeps
+       x0; uses x9, x10 and no stack. */
+guest_el2_to_el1:
+    mrs x9, CurrentEL
+    cmp x9, #(2 << 2)
+    b.ne 1f
+    mrs x9, mpidr_el1
+    and x9, x9, #7
+    add x9, x9, #1
+    ldr x10, =guest_el2_stacks
+    add x10, x10, x9, lsl #12
+    mov sp, x10
+    ldr x9, =guest_el2_vectors
+    msr vbar_el2, x9
+    mov x9, #(1 << 31)
+    msr hcr_el2, x9
+    mov x9, #3
+    msr cnthctl_el2, x9
+    msr cntvoff_el2, xzr
+    mov x9, #0x32ff
+    msr cptr_el2, x9
+    mrs x9, id_aa64pfr0_el1
+    ubfx x9, x9, #24, #4
+    cbz x9, 2f
+    mov x9, #0xf
+    msr icc_sre_el2, x9
+2:  mov x9, #1
+    adrp x10, guest_el2_present
+    str x9, [x10, :lo12:guest_el2_present]
+    msr elr_el2, x30
+    mov x9, #0x3c5
+    msr spsr_el2, x9
+    isb
+    eret
+1:  ret
+
+    /* EL2's vectors: only a lower EL's HVC (AArch64) is expected. */
+    .p2align 11
+guest_el2_vectors:
+    .rept 8
+    .p2align 7
+    b guest_el2_unexpected
+    .endr
+    .p2align 7
+    b guest_el2_sync
+    .rept 7
+    .p2align 7
+    b guest_el2_unexpected
+    .endr
+
+    /* hvc #0: forward as smc #0 (x0-x17 as the caller left them);
+       hvc #1: x0 = x0(x1) at EL2 (guest_run_el2, the caller-saved
+       registers clobbered). */
+guest_el2_sync:
+    stp x9, x10, [sp, #-16]!
+    mrs x9, esr_el2
+    lsr x10, x9, #26
+    cmp x10, #0x16
+    b.ne guest_el2_unexpected
+    and x9, x9, #0xffff
+    cbnz x9, 1f
+    ldp x9, x10, [sp], #16
+    smc #0
+    eret
+1:  cmp x9, #1
+    b.ne guest_el2_unexpected
+    stp x29, x30, [sp, #-32]!
+    mrs x9, elr_el2
+    mrs x10, spsr_el2
+    stp x9, x10, [sp, #16]
+    mov x9, x0
+    mov x0, x1
+    blr x9
+    ldp x9, x10, [sp, #16]
+    msr elr_el2, x9
+    msr spsr_el2, x10
+    ldp x29, x30, [sp], #32
+    ldp x9, x10, [sp], #16
+    eret
+
+    /* anything else at EL2: exit with 0x80 + ESR_EL2.EC */
+guest_el2_unexpected:
+    mrs x0, esr_el2
+    lsr x0, x0, #26
+    add x0, x0, #0x80
+    b guest_exit_status
 
     /* FP/SIMD on (CPACR_EL1.FPEN = 0b11), exception vectors installed */
 guest_cpu_setup:
@@ -152,10 +253,12 @@ guest_exception:
     ldp x0, x1, [sp]
     add sp, sp, #16
     eret
-5:  /* unexpected exception: semihosting exit with 0x40 + ESR.EC */
+5:  /* unexpected exception: exit with 0x40 + ESR.EC */
     mrs x0, esr_el1
     lsr x0, x0, #26
     add x0, x0, #0x40
+    /* semihosting SYS_EXIT with status x0 */
+guest_exit_status:
     adrp x1, guest_exit_block
     add x1, x1, :lo12:guest_exit_block
     str x0, [x1, #8]
@@ -173,17 +276,24 @@ guest_exit_block: .quad 0x20026, 0
 guest_el0_esr:    .quad 0
 guest_el0_x0:     .quad 0
 guest_el1_sp:     .quad 0
+    .global guest_el2_present
+guest_el2_present: .quad 0
 
     .section .bss
     .p2align 4
     .skip 64 * 1024
 __stack_top:
+    /* EL2 stacks, 4 KiB per CPU (MPIDR Aff0 0-7), each below its top */
+    .p2align 4
+guest_el2_stacks:
+    .skip 8 * 4096
     "#
 );
 
 extern "C" {
     static mut guest_fault_esr: u64;
     static guest_el0_esr: u64;
+    static guest_el2_present: u64;
     fn guest_secondary_entry();
     fn guest_run_el0(f: extern "C" fn(u64) -> u64, arg: u64, sp_el0: u64) -> u64;
 }
@@ -213,6 +323,35 @@ pub fn run_el0(f: extern "C" fn(u64) -> u64, arg: u64) -> Result<u64, Fault> {
     } else {
         Err(Fault { esr })
     }
+}
+
+/// Whether QEMU entered the guest at EL2 (`-M virt,virtualization=on`):
+/// the runtime then runs at EL1 with EL2's stub beneath (module docs).
+pub fn has_el2() -> bool {
+    // SAFETY: written once at entry, before any Rust code ran.
+    unsafe { (&raw const guest_el2_present).read_volatile() != 0 }
+}
+
+/// Run `f(arg)` at EL2 through the runtime's stub (`hvc #1`) and come back
+/// with its result; None without EL2 ([`has_el2`]). `f` runs with the MMU
+/// off, interrupts masked, on this CPU's 4 KiB EL2 stack, and must take no
+/// exception.
+pub fn run_el2(f: extern "C" fn(u64) -> u64, arg: u64) -> Option<u64> {
+    if !has_el2() {
+        return None;
+    }
+    let r;
+    // SAFETY: the EL2 stub calls `f` (an extern "C" function) with `arg`
+    // and ERETs back after this HVC; what it clobbers is what a C call may.
+    unsafe {
+        asm!(
+            "hvc #1",
+            inout("x0") f as usize as u64 => r,
+            in("x1") arg,
+            clobber_abi("C"),
+        );
+    }
+    Some(r)
 }
 
 /// An exception caught while executing an instruction under [`catch`].
@@ -319,6 +458,21 @@ pub fn pmu_counted_loop(mask: u64, iterations: u64) {
             n = in(reg) iterations,
             i = out(reg) _,
             options(nostack),
+        );
+    }
+}
+
+/// 2 × `n` instructions (n ≥ 1) of register-only loop, at whatever EL
+/// calls it: `subs` and `b.ne` each iteration.
+#[inline(always)]
+pub fn spin(n: u64) {
+    // SAFETY: a register-only loop.
+    unsafe {
+        asm!(
+            "1: subs {n}, {n}, #1",
+            "b.ne 1b",
+            n = inout(reg) n => _,
+            options(nomem, nostack)
         );
     }
 }

@@ -54,15 +54,7 @@ mod el0 {
     }
     /// 2n instructions of loop.
     pub extern "C" fn spin(n: u64) -> u64 {
-        // SAFETY: a register-only loop.
-        unsafe {
-            core::arch::asm!(
-                "1: subs {n}, {n}, #1",
-                "b.ne 1b",
-                n = inout(reg) n => _,
-                options(nomem, nostack)
-            );
-        }
+        guest::arch::spin(n);
         0
     }
 }
