@@ -786,10 +786,27 @@ void rustkvm_arm_vcpu_setup(RustkvmVcpu *vcpu, bool pmu, uint32_t counters,
  * The AArch64 vCPU is at exception level `el` now: after each exception
  * taken and each exception return of a vCPU with EL2 (its PMU counts EL2
  * apart from EL1: the counting engine's privileged totals are both), and
- * after its setup and after rustkvm_arm_pmu_load(). A repeated report
+ * after its setup and before rustkvm_arm_pmu_load(). A repeated report
  * changes nothing.
  */
 void rustkvm_arm_el_change(RustkvmVcpu *vcpu, uint32_t el);
+/**
+ * MDCR_EL2 of an AArch64 vCPU with EL2 := `value` (a write at EL2, and
+ * after each reset and each load): the value the register holds, HPMN
+ * clamped to PMCR_EL0.N as KVM's access_mdcr() does (`value` unchanged
+ * without rustkvm's PMU). The PMU follows its HPMN, HPME, HPMD, HCCD and
+ * HLP: update the engine from `counting`.
+ */
+uint64_t rustkvm_arm_mdcr_el2(RustkvmVcpu *vcpu, uint64_t value);
+/**
+ * Whether an access at exception level `el` to the AArch64 PMU system
+ * register `encoding` (as for rustkvm_arm_pmu_read()) traps to EL2 because
+ * it names an event counter MDCR_EL2.HPMN reserves for EL2 (PMEVCNTR<n>,
+ * PMEVTYPER<n>, or PMXEV* with PMSELR_EL0.SEL n); QEMU's own access checks
+ * come first.
+ */
+bool rustkvm_arm_pmu_traps_to_el2(RustkvmVcpu *vcpu, uint32_t encoding,
+                                  uint32_t el);
 /** As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU. */
 void rustkvm_arm_pmu_due(RustkvmVcpu *vcpu);
 /** PMCEID0_EL0 (n = 0) or PMCEID1_EL0 (n = 1): the events counted. */

@@ -1462,6 +1462,35 @@ pub unsafe extern "C" fn rustkvm_arm_el_change(vcpu: *mut RustkvmVcpu, el: u32) 
     }
 }
 
+/// MDCR_EL2 := `value` on an AArch64 vCPU with EL2: what it holds (its
+/// thread, or with the vCPU stopped).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_mdcr_el2(vcpu: *mut RustkvmVcpu, value: u64) -> u64 {
+    // SAFETY: forwarded caller contract.
+    match unsafe { arm_ref(vcpu) } {
+        Some(v) => v.mdcr_el2(value),
+        None => value,
+    }
+}
+
+/// Whether a PMU register access at `el` traps to EL2 for MDCR_EL2.HPMN
+/// (its thread).
+///
+/// # Safety
+/// `vcpu` is NULL or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_pmu_traps_to_el2(
+    vcpu: *mut RustkvmVcpu,
+    encoding: u32,
+    el: u32,
+) -> bool {
+    // SAFETY: forwarded caller contract.
+    unsafe { arm_ref(vcpu) }.is_some_and(|v| v.pmu_traps_to_el2(encoding, el))
+}
+
 /// PMCEID0/1_EL0 of rustkvm's PMUv3 (any thread).
 #[unsafe(no_mangle)]
 pub extern "C" fn rustkvm_arm_pmceid(n: u32) -> u64 {

@@ -680,8 +680,16 @@ unsafe extern "C" {
     );
 }
 unsafe extern "C" {
-    #[doc = " The AArch64 vCPU is at exception level `el` now: after each exception\n taken and each exception return of a vCPU with EL2 (its PMU counts EL2\n apart from EL1: the counting engine's privileged totals are both), and\n after its setup and after rustkvm_arm_pmu_load(). A repeated report\n changes nothing."]
+    #[doc = " The AArch64 vCPU is at exception level `el` now: after each exception\n taken and each exception return of a vCPU with EL2 (its PMU counts EL2\n apart from EL1: the counting engine's privileged totals are both), and\n after its setup and before rustkvm_arm_pmu_load(). A repeated report\n changes nothing."]
     pub fn rustkvm_arm_el_change(vcpu: *mut RustkvmVcpu, el: u32);
+}
+unsafe extern "C" {
+    #[doc = " MDCR_EL2 of an AArch64 vCPU with EL2 := `value` (a write at EL2, and\n after each reset and each load): the value the register holds, HPMN\n clamped to PMCR_EL0.N as KVM's access_mdcr() does (`value` unchanged\n without rustkvm's PMU). The PMU follows its HPMN, HPME, HPMD, HCCD and\n HLP: update the engine from `counting`."]
+    pub fn rustkvm_arm_mdcr_el2(vcpu: *mut RustkvmVcpu, value: u64) -> u64;
+}
+unsafe extern "C" {
+    #[doc = " Whether an access at exception level `el` to the AArch64 PMU system\n register `encoding` (as for rustkvm_arm_pmu_read()) traps to EL2 because\n it names an event counter MDCR_EL2.HPMN reserves for EL2 (PMEVCNTR<n>,\n PMEVTYPER<n>, or PMXEV* with PMSELR_EL0.SEL n); QEMU's own access checks\n come first."]
+    pub fn rustkvm_arm_pmu_traps_to_el2(vcpu: *mut RustkvmVcpu, encoding: u32, el: u32) -> bool;
 }
 unsafe extern "C" {
     #[doc = " As rustkvm_x86_pmu_due(), for an AArch64 vCPU's PMU."]

@@ -66,6 +66,29 @@ pub mod evtyper {
     pub const MASK_EL2: u64 = MASK | NSH;
 }
 
+/// MDCR_EL2's PMU fields, for a vCPU with EL2 (Arm ARM D24.2 MDCR_EL2;
+/// KVM's nested PMU: `kvm_pmu_hyp_counter_mask`, `kvm_pmc_counts_at_el2`,
+/// `kvm_pmu_counter_is_enabled`, `kvm_pmu_overflow_status`, `access_mdcr`).
+pub mod mdcr {
+    /// HPMN: event counters below it are EL1's (PMCR_EL0.E enables them),
+    /// the rest up to PMCR_EL0.N EL2's (HPME enables them; EL0 and EL1
+    /// neither see nor reach them). Reset: N; KVM clamps writes to N.
+    pub const HPMN: u64 = 0x1f;
+    /// TPM: EL0's and EL1's PMU accesses trap to EL2 (QEMU's access checks).
+    pub const TPM: u64 = 1 << 6;
+    /// HPME: EL2's event counters are enabled.
+    pub const HPME: u64 = 1 << 7;
+    /// HPMD: EL1's event counters and the cycle counter do not count at
+    /// EL2 (PMUv3p1; KVM applies it to the cycle counter whatever
+    /// PMCR_EL0.DP says).
+    pub const HPMD: u64 = 1 << 17;
+    /// HCCD: the cycle counter does not count at EL2 (PMUv3p5; the
+    /// architecture's, which KVM's vPMU leaves out).
+    pub const HCCD: u64 = 1 << 23;
+    /// HLP: EL2's event counters overflow at 64 bits (PMUv3p5).
+    pub const HLP: u64 = 1 << 26;
+}
+
 /// PMUSERENR_EL0 bits.
 pub mod userenr {
     /// EL0 access to everything.
@@ -213,6 +236,11 @@ pub enum PmuError {
     /// The vCPU has no PMU (all PMU registers are hidden).
     #[error("no PMU")]
     NoPmu,
+    /// An EL0 or EL1 access to an event counter MDCR_EL2.HPMN reserves for
+    /// EL2 (QEMU's access check traps these to EL2 first:
+    /// [`Pmu::traps_to_el2`]).
+    #[error("counter {0} is EL2's (MDCR_EL2.HPMN)")]
+    El2Counter(u8),
 }
 
 /// Monotonic per-vCPU event totals the accelerator maintains, by the
@@ -381,6 +409,9 @@ pub struct Pmu {
     userenr: u64,
     evtyper: [u64; 32],
     counters: [Counter; 32],
+    /// MDCR_EL2 as the vCPU last set it ([`Pmu::write_mdcr_el2`]; without
+    /// EL2 it stays HPMN = N: every counter is EL1's).
+    mdcr: u64,
 }
 
 /// What the guest's access changed that the accelerator must act on.
@@ -415,6 +446,7 @@ impl Pmu {
             userenr: 0,
             evtyper,
             counters,
+            mdcr: config.n() as u64,
         }
     }
 
@@ -440,9 +472,85 @@ impl Pmu {
         }
     }
 
-    /// Whether counter `i` counts now: PMCR_EL0.E and its enable bit.
+    /// The event counters MDCR_EL2.HPMN reserves for EL2: HPMN..N
+    /// (`kvm_pmu_hyp_counter_mask`; none without EL2).
+    fn el2_counters(&self) -> u64 {
+        let (n, hpmn) = (self.config.n(), (self.mdcr & mdcr::HPMN) as usize);
+        if !self.config.el2 || hpmn >= n {
+            0
+        } else {
+            ((1u64 << n) - 1) & !((1u64 << hpmn) - 1)
+        }
+    }
+
+    fn is_el2_counter(&self, i: usize) -> bool {
+        self.el2_counters() & 1 << i != 0
+    }
+
+    /// The counters an access at `el` reaches: all that exist from EL2,
+    /// EL1's from EL0 and EL1 (`kvm_pmu_accessible_counter_mask`).
+    fn reachable(&self, el: u8) -> u64 {
+        let m = self.config.mask();
+        if el >= 2 {
+            m
+        } else {
+            m & !self.el2_counters()
+        }
+    }
+
+    /// Whether counter `i` counts now: its enable bit, and PMCR_EL0.E for
+    /// EL1's counters and the cycle counter, MDCR_EL2.HPME for EL2's
+    /// (`kvm_pmu_counter_is_enabled`).
     fn enabled(&self, i: usize) -> bool {
-        self.pmcr & pmcr::E != 0 && self.cnten & 1 << i != 0
+        let on = if self.is_el2_counter(i) {
+            self.mdcr & mdcr::HPME != 0
+        } else {
+            self.pmcr & pmcr::E != 0
+        };
+        on && self.cnten & 1 << i != 0
+    }
+
+    /// Whether counter `i` may count at EL2 (besides its NSH): not one of
+    /// EL1's counters or the cycle counter under MDCR_EL2.HPMD
+    /// (`kvm_pmc_counts_at_el2`), not the cycle counter under HCCD.
+    fn el2_allowed(&self, i: usize) -> bool {
+        let hpmd = self.mdcr & mdcr::HPMD != 0 && !self.is_el2_counter(i);
+        let hccd = i == CYCLE_IDX && self.config.v3p5 && self.mdcr & mdcr::HCCD != 0;
+        !hpmd && !hccd
+    }
+
+    /// Whether an access to `reg` at `el` traps to EL2 because it names an
+    /// event counter MDCR_EL2.HPMN reserves for EL2 (PMEVCNTR<n>_EL0,
+    /// PMEVTYPER<n>_EL0, or PMXEV* with PMSELR_EL0.SEL n; Arm ARM D24.5,
+    /// `GetNumEventCountersAccessible()`; KVM forwards these to the guest
+    /// hypervisor: `check_mdcr_hpmn`).
+    pub fn traps_to_el2(&self, reg: PmuReg, el: u8) -> bool {
+        let n = match reg {
+            PmuReg::Evcntr(n) | PmuReg::Evtyper(n) => n,
+            PmuReg::Xevcntr | PmuReg::Xevtyper => self.selected(),
+            _ => return false,
+        };
+        el < 2 && usize::from(n) != CYCLE_IDX && self.is_el2_counter(usize::from(n))
+    }
+
+    /// MDCR_EL2 := `value` (a guest write at EL2, a reset, a load) with the
+    /// totals `ev`: what the register holds (HPMN clamped to N, as KVM's
+    /// `access_mdcr`) and the interrupt level.
+    pub fn write_mdcr_el2(&mut self, value: u64, ev: &Events) -> (u64, Effects) {
+        self.sync(ev);
+        let hpmn = (value & mdcr::HPMN).min(self.config.n() as u64);
+        self.mdcr = (value & !mdcr::HPMN) | hpmn;
+        self.rebase(ev);
+        (self.mdcr, self.effects())
+    }
+
+    /// Every counter counts on from the totals `ev`.
+    fn rebase(&mut self, ev: &Events) {
+        for i in 0..32 {
+            if self.exists(i) {
+                self.counters[i].base = self.total(i, ev).unwrap_or(0);
+            }
+        }
     }
 
     /// The selected total of counter `i` through its EL filter (U excludes
@@ -457,7 +565,7 @@ impl Pmu {
         let on = [
             t & evtyper::U == 0,
             t & evtyper::P == 0,
-            t & evtyper::NSH != 0,
+            t & evtyper::NSH != 0 && self.el2_allowed(i),
         ];
         let split = |v: [u64; 3]| {
             v.iter()
@@ -478,12 +586,18 @@ impl Pmu {
     }
 
     /// Counter `i`'s width in bits (what it reads as) and where it
-    /// overflows (`kvm_pmc_is_64bit`, `kvm_pmc_has_64bit_overflow`).
+    /// overflows (`kvm_pmc_is_64bit`, `kvm_pmc_has_64bit_overflow`: EL2's
+    /// counters by MDCR_EL2.HLP, EL1's by PMCR_EL0.LP).
     fn width_and_overflow(&self, i: usize) -> (u32, u32) {
+        let long = if self.is_el2_counter(i) {
+            self.mdcr & mdcr::HLP != 0
+        } else {
+            self.pmcr & pmcr::LP != 0
+        };
         if i == CYCLE_IDX {
             (64, if self.pmcr & pmcr::LC != 0 { 64 } else { 32 })
         } else if self.config.v3p5 {
-            (64, if self.pmcr & pmcr::LP != 0 { 64 } else { 32 })
+            (64, if long { 64 } else { 32 })
         } else {
             (32, 32)
         }
@@ -558,11 +672,20 @@ impl Pmu {
         self.effects()
     }
 
-    /// The overflow interrupt's level: PMCR_EL0.E and an overflow whose
-    /// interrupt is enabled (`kvm_pmu_overflow_status`; current KVM no
-    /// longer requires the counter to be enabled in PMCNTENSET).
+    /// The overflow interrupt's level: an overflow whose interrupt is
+    /// enabled, of one of EL1's counters or the cycle counter with
+    /// PMCR_EL0.E, of one of EL2's with MDCR_EL2.HPME
+    /// (`kvm_pmu_overflow_status`; current KVM no longer requires the
+    /// counter to be enabled in PMCNTENSET).
     pub fn irq_level(&self) -> bool {
-        self.pmcr & pmcr::E != 0 && self.ovs & self.inten != 0
+        let mut r = self.ovs & self.inten;
+        if self.pmcr & pmcr::E == 0 {
+            r &= self.el2_counters();
+        }
+        if self.mdcr & mdcr::HPME == 0 {
+            r &= !self.el2_counters();
+        }
+        r != 0
     }
 
     fn effects(&self) -> Effects {
@@ -590,9 +713,6 @@ impl Pmu {
     /// counter, or an event counter on CPU_CYCLES) overflows with its
     /// interrupt enabled; None if none does (a timer waits for it).
     pub fn cycles_until_overflow(&self, ev: &Events) -> Option<u64> {
-        if self.pmcr & pmcr::E == 0 {
-            return None;
-        }
         (0..32)
             .filter(|&i| self.exists(i) && self.enabled(i) && self.inten & 1 << i != 0)
             .filter(|&i| self.source(i) == Source::Totals(Counted::Cycles))
@@ -618,9 +738,6 @@ impl Pmu {
     /// branches or memory accesses (at most one each per instruction)
     /// overflows with its interrupt enabled; None if none does.
     pub fn until_overflow(&self, ev: &Events) -> Option<u64> {
-        if self.pmcr & pmcr::E == 0 {
-            return None;
-        }
         (0..self.config.n())
             .filter(|&i| self.enabled(i) && self.inten & 1 << i != 0)
             .filter(|&i| matches!(self.source(i), Source::Totals(c) if c.per_instruction()))
@@ -658,13 +775,16 @@ impl Pmu {
         (self.selr & 0x1f) as u8
     }
 
-    /// UNDEF unless counter `n` exists (`pmu_counter_idx_valid`).
-    fn check_counter(&self, n: u8) -> Result<usize, PmuError> {
+    /// UNDEF unless counter `n` exists (`pmu_counter_idx_valid`), and
+    /// EL2's counters out of reach below EL2 ([`Pmu::traps_to_el2`]).
+    fn check_counter(&self, n: u8, el: u8) -> Result<usize, PmuError> {
         let i = usize::from(n);
-        if self.exists(i) {
-            Ok(i)
-        } else {
+        if !self.exists(i) {
             Err(PmuError::NoSuchCounter(n))
+        } else if self.reachable(el) & 1 << i == 0 {
+            Err(PmuError::El2Counter(n))
+        } else {
+            Ok(i)
         }
     }
 
@@ -676,7 +796,12 @@ impl Pmu {
         if el == 0 && !self.el0_allows(reg, false) {
             return Err(PmuError::El0Disabled(reg));
         }
-        let n = self.config.n() as u64;
+        // Below EL2 PMCR_EL0.N reads as MDCR_EL2.HPMN (`kvm_vcpu_read_pmcr`).
+        let n = if el < 2 && self.config.el2 {
+            self.mdcr & mdcr::HPMN
+        } else {
+            self.config.n() as u64
+        };
         Ok(match reg {
             PmuReg::Pmcr => (self.pmcr & !(pmcr::P | pmcr::C)) | n << pmcr::N_SHIFT,
             PmuReg::CntenSet | PmuReg::CntenClr => self.cnten,
@@ -686,11 +811,11 @@ impl Pmu {
             PmuReg::Selr => u64::from(self.selected()),
             PmuReg::Ceid(k) => pmceid()[usize::from(k & 1)],
             PmuReg::Ccntr => self.value(CYCLE_IDX, ev),
-            PmuReg::Xevtyper => self.evtyper[self.check_counter(self.selected())?],
-            PmuReg::Xevcntr => self.value(self.check_counter(self.selected())?, ev),
+            PmuReg::Xevtyper => self.evtyper[self.check_counter(self.selected(), el)?],
+            PmuReg::Xevcntr => self.value(self.check_counter(self.selected(), el)?, ev),
             PmuReg::Userenr => self.userenr,
-            PmuReg::Evcntr(i) => self.value(self.check_counter(i)?, ev),
-            PmuReg::Evtyper(i) => self.evtyper[self.check_counter(i)?],
+            PmuReg::Evcntr(i) => self.value(self.check_counter(i, el)?, ev),
+            PmuReg::Evtyper(i) => self.evtyper[self.check_counter(i, el)?],
         })
     }
 
@@ -717,7 +842,8 @@ impl Pmu {
         }
         // Everything below changes what counts or a value: fold first.
         self.sync(ev);
-        let m = self.config.mask();
+        // Writes reach EL2's counters only from EL2 (reads see them all).
+        let m = self.reachable(el);
         match reg {
             PmuReg::Pmcr => {
                 let mut v = value & pmcr::MASK & !(pmcr::P | pmcr::C);
@@ -729,8 +855,12 @@ impl Pmu {
                     self.counters[CYCLE_IDX].value = 0;
                 }
                 if value & pmcr::P != 0 {
-                    for c in &mut self.counters[..self.config.n()] {
-                        c.value = 0;
+                    // From EL2 every event counter, below it EL1's
+                    // (`kvm_pmu_handle_pmcr`).
+                    for (i, c) in self.counters[..self.config.n()].iter_mut().enumerate() {
+                        if m & 1 << i != 0 {
+                            c.value = 0;
+                        }
                     }
                 }
             }
@@ -745,29 +875,25 @@ impl Pmu {
             PmuReg::Ceid(_) => return Err(PmuError::Direction(reg)),
             PmuReg::Ccntr => self.counters[CYCLE_IDX].value = value,
             PmuReg::Xevtyper => {
-                let i = self.check_counter(self.selected())?;
+                let i = self.check_counter(self.selected(), el)?;
                 self.evtyper[i] = value & self.config.evtyper_mask();
             }
             PmuReg::Xevcntr => {
-                let i = self.check_counter(self.selected())?;
+                let i = self.check_counter(self.selected(), el)?;
                 self.set_counter(i, value);
             }
             PmuReg::Userenr => self.userenr = value & userenr::MASK,
             PmuReg::Evcntr(n) => {
-                let i = self.check_counter(n)?;
+                let i = self.check_counter(n, el)?;
                 self.set_counter(i, value);
             }
             PmuReg::Evtyper(n) => {
-                let i = self.check_counter(n)?;
+                let i = self.check_counter(n, el)?;
                 self.evtyper[i] = value & self.config.evtyper_mask();
             }
         }
         // Counting restarts from the totals now for whatever changed.
-        for i in 0..32 {
-            if self.exists(i) {
-                self.counters[i].base = self.total(i, ev).unwrap_or(0);
-            }
-        }
+        self.rebase(ev);
         Ok(self.effects())
     }
 
@@ -812,9 +938,7 @@ impl Pmu {
                 self.set_counter(i, r[38 + i]);
             }
         }
-        for i in 0..32 {
-            self.counters[i].base = self.total(i, ev).unwrap_or(0);
-        }
+        self.rebase(ev);
         self.effects()
     }
 
@@ -948,6 +1072,119 @@ mod tests {
             p.read(PmuReg::Evtyper(31), 1, &e),
             Ok(pu),
             "RES0 without EL2"
+        );
+    }
+
+    /// MDCR_EL2.HPMN splits the event counters between EL1 (below it:
+    /// PMCR_EL0.E, LP) and EL2 (HPME, HLP, out of EL0's and EL1's sight),
+    /// HPMD and HCCD keep counters from counting at EL2, as KVM's nested
+    /// PMU gives them (`kvm_pmu_hyp_counter_mask` and its users).
+    #[test]
+    fn mdcr_el2_splits_the_counters_between_el1_and_el2() {
+        use super::mdcr::{HCCD, HLP, HPMD, HPME};
+        let mut p = Pmu::new(PmuConfig {
+            el2: true,
+            ..PmuConfig::DEFAULT
+        });
+        let mut e = Events::default();
+        p.write(PmuReg::IntenClr, u64::MAX, 2, &e).unwrap();
+        p.write(PmuReg::OvsClr, u64::MAX, 2, &e).unwrap();
+        let n_at = |p: &Pmu, el| (p.read(PmuReg::Pmcr, el, &e).unwrap() >> pmcr::N_SHIFT) & 0x1f;
+        assert_eq!((n_at(&p, 1), n_at(&p, 2)), (6, 6), "reset: HPMN = N");
+        assert_eq!(p.write_mdcr_el2(31, &e).0, 6, "HPMN clamped to N");
+        assert_eq!(p.write_mdcr_el2(4, &e).0, 4);
+        assert_eq!((n_at(&p, 1), n_at(&p, 2)), (4, 6));
+        // Counters 4 and 5 are EL2's: EL1 traps, writes from EL1 miss them.
+        assert!(p.traps_to_el2(PmuReg::Evcntr(4), 1));
+        assert!(p.traps_to_el2(PmuReg::Evtyper(5), 0));
+        assert!(!p.traps_to_el2(PmuReg::Evcntr(3), 1));
+        assert!(!p.traps_to_el2(PmuReg::Evcntr(4), 2));
+        assert!(!p.traps_to_el2(PmuReg::Ccntr, 1));
+        p.write(PmuReg::Selr, 5, 1, &e).unwrap();
+        assert!(p.traps_to_el2(PmuReg::Xevcntr, 1));
+        p.write(PmuReg::Selr, 31, 1, &e).unwrap();
+        assert!(!p.traps_to_el2(PmuReg::Xevtyper, 1), "PMCCFILTR");
+        assert_eq!(
+            p.read(PmuReg::Evcntr(4), 1, &e),
+            Err(PmuError::El2Counter(4))
+        );
+        p.write(PmuReg::CntenClr, u64::MAX, 2, &e).unwrap();
+        p.write(PmuReg::CntenSet, u64::MAX, 1, &e).unwrap();
+        assert_eq!(p.read(PmuReg::CntenSet, 1, &e), Ok(0x8000_000f));
+        p.write(PmuReg::CntenSet, u64::MAX, 2, &e).unwrap();
+        assert_eq!(
+            p.read(PmuReg::CntenSet, 1, &e),
+            Ok(0x8000_003f),
+            "reads see all"
+        );
+
+        // Counter 0 (EL1's) and 4 (EL2's) count instructions everywhere.
+        for i in [0, 4] {
+            p.write(PmuReg::Evtyper(i), evtyper::NSH | 0x08, 2, &e)
+                .unwrap();
+            p.write(PmuReg::Evcntr(i), 0, 2, &e).unwrap();
+        }
+        p.write(PmuReg::Evtyper(31), evtyper::NSH, 2, &e).unwrap();
+        p.write(PmuReg::Ccntr, 0, 2, &e).unwrap();
+        let run = |p: &Pmu, e: &mut Events| {
+            e.instructions = [
+                e.instructions[0] + 1,
+                e.instructions[1] + 10,
+                e.instructions[2] + 100,
+            ];
+            e.cycles = [e.cycles[0] + 1_000, e.cycles[1] + 10_000];
+            let v = |i| p.value(i, e);
+            (v(0), v(4), v(CYCLE_IDX))
+        };
+        p.write(PmuReg::Pmcr, pmcr::E, 2, &e).unwrap();
+        assert_eq!(
+            run(&p, &mut e),
+            (111, 0, 11_000),
+            "PMCR.E: EL1's and the cycle counter"
+        );
+        p.sync(&e);
+        p.write_mdcr_el2(4 | HPME, &e);
+        p.write(PmuReg::Pmcr, 0, 2, &e).unwrap();
+        assert_eq!(run(&p, &mut e), (111, 111, 11_000), "HPME alone: EL2's");
+        p.write(PmuReg::Pmcr, pmcr::E, 2, &e).unwrap();
+        p.write_mdcr_el2(4 | HPME | HPMD, &e);
+        assert_eq!(
+            run(&p, &mut e),
+            (122, 222, 12_000),
+            "HPMD: not EL1's at EL2"
+        );
+        p.write_mdcr_el2(4 | HPME | HCCD, &e);
+        assert_eq!(
+            run(&p, &mut e),
+            (233, 333, 13_000),
+            "HCCD: not the cycles at EL2"
+        );
+
+        // PMCR.P from EL1 resets EL1's counters, from EL2 all.
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::P, 1, &e).unwrap();
+        assert_eq!((p.value(0, &e), p.value(4, &e)), (0, 333));
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::P, 2, &e).unwrap();
+        assert_eq!(p.value(4, &e), 0);
+
+        // The interrupt: EL2's overflow needs HPME, EL1's PMCR.E.
+        p.write(PmuReg::IntenSet, 1 << 4, 2, &e).unwrap();
+        p.write(PmuReg::OvsSet, 1 << 4, 2, &e).unwrap();
+        p.write(PmuReg::Pmcr, 0, 2, &e).unwrap();
+        assert!(p.irq_level(), "HPME without PMCR.E");
+        p.write_mdcr_el2(4, &e);
+        assert!(!p.irq_level());
+        p.write(PmuReg::Pmcr, pmcr::E, 2, &e).unwrap();
+        assert!(!p.irq_level(), "PMCR.E does not enable EL2's");
+
+        // Overflow at 64 bits: EL2's by HLP, EL1's by LP.
+        p.write_mdcr_el2(4 | HLP, &e);
+        assert_eq!(p.width_and_overflow(4), (64, 64));
+        assert_eq!(p.width_and_overflow(0), (64, 32));
+        p.write(PmuReg::Pmcr, pmcr::E | pmcr::LP, 2, &e).unwrap();
+        p.write_mdcr_el2(4, &e);
+        assert_eq!(
+            (p.width_and_overflow(0), p.width_and_overflow(4)),
+            ((64, 64), (64, 32))
         );
     }
 

@@ -332,6 +332,31 @@ impl<'a> Arm<'a> {
         self.local(|l| l.note_el(shared, el));
     }
 
+    /// MDCR_EL2 := `value` (a write at EL2, after a reset or a load): what
+    /// the register holds ([`pmu::Pmu::write_mdcr_el2`]; `value` without
+    /// rustkvm's PMU).
+    pub fn mdcr_el2(&self, value: u64) -> u64 {
+        let shared = self.shared();
+        self.local(|l| {
+            if !l.pmu.present() {
+                return value;
+            }
+            let ev = l.events(shared);
+            let (held, fx) = l.pmu.write_mdcr_el2(value, &ev);
+            l.publish(shared, &ev, fx.irq);
+            held
+        })
+    }
+
+    /// Whether an access to the PMU register `encoding` at `el` traps to
+    /// EL2 ([`pmu::Pmu::traps_to_el2`]).
+    pub fn pmu_traps_to_el2(&self, encoding: u32, el: u32) -> bool {
+        let Some(reg) = PmuReg::decode(encoding) else {
+            return false;
+        };
+        self.local(|l| l.pmu.present() && l.pmu.traps_to_el2(reg, el.min(2) as u8))
+    }
+
     /// The PMI budget ran out (see `rustkvm_arm_pmu_due`): sync, publish.
     pub(crate) fn pmu_due(&self) {
         let shared = self.shared();

@@ -8,8 +8,9 @@
 //! is SMC): the runtime sets EL2 up for an AArch64 EL1 (HCR_EL2.RW, the EL1
 //! physical counter and timer, FP/SIMD and the GICv3 system registers
 //! untrapped, a stub at VBAR_EL2) and drops to EL1, so every guest runs as
-//! without EL2. The stub forwards `hvc #0` (PSCI, SMCCC) as `smc #0` and
-//! runs [`run_el2`]'s function at EL2 for `hvc #1`.
+//! without EL2. The stub forwards `hvc #0` (PSCI, SMCCC) as `smc #0`, runs
+//! [`run_el2`]'s function at EL2 for `hvc #1`, and notes and skips a system
+//! register access trapped to EL2 ([`take_el2_trap`]).
 
 use core::arch::{asm, global_asm};
 
@@ -119,12 +120,22 @@ guest_el2_vectors:
 
     /* hvc #0: forward as smc #0 (x0-x17 as the caller left them);
        hvc #1: x0 = x0(x1) at EL2 (guest_run_el2, the caller-saved
-       registers clobbered). */
+       registers clobbered); a trapped system register access (EC 0x18):
+       note ESR_EL2 in guest_el2_trap_esr and skip the instruction. */
 guest_el2_sync:
     stp x9, x10, [sp, #-16]!
     mrs x9, esr_el2
     lsr x10, x9, #26
-    cmp x10, #0x16
+    cmp x10, #0x18
+    b.ne 2f
+    adrp x10, guest_el2_trap_esr
+    str x9, [x10, :lo12:guest_el2_trap_esr]
+    mrs x9, elr_el2
+    add x9, x9, #4
+    msr elr_el2, x9
+    ldp x9, x10, [sp], #16
+    eret
+2:  cmp x10, #0x16
     b.ne guest_el2_unexpected
     and x9, x9, #0xffff
     cbnz x9, 1f
@@ -276,8 +287,9 @@ guest_exit_block: .quad 0x20026, 0
 guest_el0_esr:    .quad 0
 guest_el0_x0:     .quad 0
 guest_el1_sp:     .quad 0
-    .global guest_el2_present
+    .global guest_el2_present, guest_el2_trap_esr
 guest_el2_present: .quad 0
+guest_el2_trap_esr: .quad 0xffffffffffffffff
 
     .section .bss
     .p2align 4
@@ -294,6 +306,7 @@ extern "C" {
     static mut guest_fault_esr: u64;
     static guest_el0_esr: u64;
     static guest_el2_present: u64;
+    static mut guest_el2_trap_esr: u64;
     fn guest_secondary_entry();
     fn guest_run_el0(f: extern "C" fn(u64) -> u64, arg: u64, sp_el0: u64) -> u64;
 }
@@ -352,6 +365,18 @@ pub fn run_el2(f: extern "C" fn(u64) -> u64, arg: u64) -> Option<u64> {
         );
     }
     Some(r)
+}
+
+/// The last system register access trapped to EL2's stub (ESR_EL2.EC
+/// 0x18: the stub skipped the instruction, which read nothing) since the
+/// previous call, and forget it.
+pub fn take_el2_trap() -> Option<Fault> {
+    // SAFETY: the stub writes this only while a trapped access is taken.
+    unsafe {
+        let esr = (&raw const guest_el2_trap_esr).read_volatile();
+        (&raw mut guest_el2_trap_esr).write_volatile(NO_FAULT);
+        (esr != NO_FAULT).then_some(Fault { esr })
+    }
 }
 
 /// An exception caught while executing an instruction under [`catch`].

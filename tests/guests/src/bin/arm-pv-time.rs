@@ -167,10 +167,24 @@ fn main(t: &mut Test) {
         // SAFETY: the 64-byte structure PV_TIME_ST handed us (MMU off).
         unsafe { words.add(i).write_volatile(u64::MAX) };
     }
+    let before = arch::cntvct();
     t.eq("st-again-same-base", call(PV_TIME_ST, 0), base);
     // SAFETY: as above.
     let head = unsafe { [words.read_volatile(), words.add(1).read_volatile()] };
-    t.eq("revision-attributes-stolen-zeroed", head, [0, 0]);
+    let since = ns(arch::cntvct().wrapping_sub(before));
+    t.eq("revision-attributes-zeroed", head[0], 0);
+    if guest::backend() == Some(guest::Backend::Kvm) {
+        // KVM counts from the call on (`kvm_init_stolen_time`), and a
+        // host that preempts the vCPU thread in between (a loaded nested
+        // L1: measured 0.4 ms) has stolen time to add at its next load.
+        t.check(
+            "stolen-zeroed-then-counted",
+            head[1] <= since,
+            format_args!("{} ns stolen {since} ns after the call", head[1]),
+        );
+    } else {
+        t.eq("stolen-zeroed", head[1], 0);
+    }
 
     // Alone: vCPU 1 is not on yet.
     let first = window(base);
