@@ -43,6 +43,20 @@ pub fn kvm_no_pmu() -> Option<String> {
     matches!(v.trim(), "N" | "0").then(|| "host KVM has no vPMU (kvm.enable_pmu=N)".to_string())
 }
 
+/// Whether the Linux release `release` ("6.12.95+deb12-arm64") is
+/// `major.minor` or later.
+pub fn linux_at_least(release: &str, (major, minor): (u32, u32)) -> bool {
+    let mut v = release
+        .trim()
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (major, minor)
+}
+
+/// The Linux release from which KVM gives an arm64 guest EL2
+/// (KVM_CAP_ARM_EL2).
+pub const KVM_ARM_EL2_SINCE: (u32, u32) = (6, 16);
+
 /// `KVM_CHECK_EXTENSION`, `_IO(KVMIO, 0x03)` (include/uapi/linux/kvm.h).
 const KVM_CHECK_EXTENSION: libc::c_ulong = 0xae03;
 /// `KVM_CAP_ARM_EL2`: KVM gives an arm64 guest EL2 (nested virtualization,
@@ -66,8 +80,9 @@ pub fn kvm_no_el2() -> Option<String> {
     let n = unsafe { libc::ioctl(kvm.as_raw_fd(), KVM_CHECK_EXTENSION as _, KVM_CAP_ARM_EL2) };
     (n <= 0).then(|| {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let (major, minor) = KVM_ARM_EL2_SINCE;
         format!(
-            "host KVM (Linux {}) gives guests no EL2 (no KVM_CAP_ARM_EL2: Linux 6.16 and later, on FEAT_NV2 hardware)",
+            "host KVM (Linux {}) gives guests no EL2 (no KVM_CAP_ARM_EL2: Linux {major}.{minor} and later, on FEAT_NV2 hardware)",
             release.trim()
         )
     })
@@ -98,14 +113,9 @@ pub fn kvm_no_lbr() -> Option<String> {
 /// adaptive PEBS"), and older ones only on a host with PEBS.
 pub fn kvm_no_pebs() -> Option<String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut v = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
     let pebs = std::fs::read_to_string("/proc/cpuinfo")
         .is_ok_and(|c| c.split_whitespace().any(|w| w == "pebs"));
-    if (major, minor) >= (6, 9) {
+    if linux_at_least(&release, (6, 9)) {
         Some(format!(
             "host KVM (Linux {}) offers no PEBS baseline (6.9 and later)",
             release.trim()
@@ -158,6 +168,15 @@ mod tests {
             Arch::X86_64
         };
         assert!(kvm_unavailable(foreign).unwrap().contains("runs only"));
+    }
+
+    #[test]
+    fn linux_releases_compare_by_major_and_minor() {
+        assert!(linux_at_least("6.12.95+deb12-arm64", (6, 9)));
+        assert!(!linux_at_least("6.12.95+deb12-arm64", KVM_ARM_EL2_SINCE));
+        assert!(linux_at_least("6.16-rc1", KVM_ARM_EL2_SINCE));
+        assert!(linux_at_least("7.0.1", KVM_ARM_EL2_SINCE));
+        assert!(!linux_at_least("garbage", (6, 9)));
     }
 
     #[test]

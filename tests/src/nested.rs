@@ -186,6 +186,26 @@ fn modules_dir(arch: Arch) -> Result<PathBuf, HarnessError> {
         ))
 }
 
+/// Why the L1's KVM cannot run `test` at all, if it cannot, decided from
+/// what the L1 is before it boots: a guest that needs EL2 on an arm64 L1
+/// whose kernel's KVM gives guests none (KVM_CAP_ARM_EL2: Linux 6.16 and
+/// later; QEMU refuses `virtualization=on` without it).
+fn l1_skip(test: &GuestTest, arch: Arch) -> Option<String> {
+    if arch != Arch::Aarch64 || !test.needs.iter().any(|n| n == "el2") {
+        return None;
+    }
+    let release = modules_dir(arch)
+        .ok()
+        .and_then(|d| Some(d.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "unknown".into());
+    (!crate::host::linux_at_least(&release, crate::host::KVM_ARM_EL2_SINCE)).then(|| {
+        let (major, minor) = crate::host::KVM_ARM_EL2_SINCE;
+        format!(
+            "L1's KVM (Linux {release}) gives guests no EL2 (KVM_CAP_ARM_EL2: Linux {major}.{minor} and later)"
+        )
+    })
+}
+
 /// `module` and what it depends on (modules.dep), in load order.
 pub fn load_order(modules_dep: &str, module: &str) -> Option<Vec<String>> {
     let line = modules_dep
@@ -529,7 +549,12 @@ fn run_in(
     }
     let mut jobs = Vec::new();
     let mut added = std::collections::BTreeSet::new();
+    let mut skipped = Vec::new();
     for &(t, variant) in cells {
+        if let Some(why) = l1_skip(t, arch) {
+            skipped.push((t, variant, why));
+            continue;
+        }
         let bin = t.binary(arch);
         if !bin.exists() {
             return Err(HarnessError::NotBuilt(bin, "scripts/build-guests.sh"));
@@ -684,6 +709,19 @@ fn run_in(
             variant,
             backend: Backend::Kvm,
             outcome,
+        });
+    }
+    for (test, variant, why) in skipped {
+        crate::record_verdict(
+            &format!("guest {}/{arch}/{variant}/kvm-nested", test.name),
+            &Status::Skip(why.clone()),
+        );
+        results.guests.push(RunResult {
+            test: test.name.clone(),
+            arch,
+            variant,
+            backend: Backend::Kvm,
+            outcome: Outcome::skipped(why),
         });
     }
     Ok(results)

@@ -264,10 +264,13 @@ guest_exception:
     ldp x0, x1, [sp]
     add sp, sp, #16
     eret
-5:  /* unexpected exception: exit with 0x40 + ESR.EC */
+5:  /* unexpected exception: guest_unexpected reports it and exits with
+       0x40 + ESR.EC */
     mrs x0, esr_el1
-    lsr x0, x0, #26
-    add x0, x0, #0x40
+    mrs x1, elr_el1
+    mrs x2, far_el1
+    bl guest_unexpected
+7:  b 7b
     /* semihosting SYS_EXIT with status x0 */
 guest_exit_status:
     adrp x1, guest_exit_block
@@ -511,12 +514,74 @@ pub fn read_pmcr() -> Result<u64, Fault> {
     }
 }
 
+/// MMIO accessors, single plain LDR/STR without writeback (as Linux's
+/// `readl`/`writel`): KVM emulates a device access from the syndrome the
+/// data abort reports, which an access with writeback or a pair does not
+/// have (ESR_EL2.ISV 0: KVM injects an external abort instead; measured
+/// nested, a GICv3 redistributor write the compiler gave writeback).
+pub mod mmio {
+    use core::arch::asm;
+
+    /// 32-bit store of `v` to device address `addr`.
+    ///
+    /// # Safety
+    /// `addr` is a device register (or RAM) this guest may write.
+    pub unsafe fn write32(addr: usize, v: u32) {
+        // SAFETY: the caller's contract; one STR, no writeback.
+        unsafe { asm!("str {v:w}, [{a}]", a = in(reg) addr, v = in(reg) v, options(nostack)) }
+    }
+
+    /// 16-bit store.
+    ///
+    /// # Safety
+    /// As [`write32`].
+    pub unsafe fn write16(addr: usize, v: u16) {
+        // SAFETY: as above; STRH.
+        unsafe {
+            asm!("strh {v:w}, [{a}]", a = in(reg) addr, v = in(reg) u32::from(v), options(nostack))
+        }
+    }
+
+    /// 8-bit store.
+    ///
+    /// # Safety
+    /// As [`write32`].
+    pub unsafe fn write8(addr: usize, v: u8) {
+        // SAFETY: as above; STRB.
+        unsafe {
+            asm!("strb {v:w}, [{a}]", a = in(reg) addr, v = in(reg) u32::from(v), options(nostack))
+        }
+    }
+
+    /// 32-bit load from device address `addr`.
+    ///
+    /// # Safety
+    /// `addr` is a device register (or RAM) this guest may read.
+    pub unsafe fn read32(addr: usize) -> u32 {
+        let v: u32;
+        // SAFETY: the caller's contract; one LDR, no writeback.
+        unsafe { asm!("ldr {v:w}, [{a}]", a = in(reg) addr, v = out(reg) v, options(nostack)) };
+        v
+    }
+
+    /// 8-bit load.
+    ///
+    /// # Safety
+    /// As [`read32`].
+    pub unsafe fn read8(addr: usize) -> u8 {
+        let v: u32;
+        // SAFETY: as above; LDRB.
+        unsafe { asm!("ldrb {v:w}, [{a}]", a = in(reg) addr, v = out(reg) v, options(nostack)) };
+        v as u8
+    }
+}
+
 /// Send one byte to the PL011.
 pub fn putc(b: u8) {
     // SAFETY: the virt machine's PL011 is at this address; MMIO is volatile.
     unsafe {
-        while UART_FR.read_volatile() & (1 << 5) != 0 {}
-        UART_DR.write_volatile(u32::from(b));
+        while mmio::read32(UART_FR as usize) & (1 << 5) != 0 {}
+        mmio::write32(UART_DR as usize, u32::from(b));
     }
 }
 
@@ -524,10 +589,10 @@ pub fn putc(b: u8) {
 pub fn getc() -> Option<u8> {
     // SAFETY: the virt machine's PL011 is at these addresses; MMIO is volatile.
     unsafe {
-        if UART_FR.read_volatile() & (1 << 4) != 0 {
+        if mmio::read32(UART_FR as usize) & (1 << 4) != 0 {
             None
         } else {
-            Some(UART_DR.cast_const().read_volatile() as u8)
+            Some(mmio::read32(UART_DR as usize) as u8)
         }
     }
 }
@@ -540,13 +605,13 @@ const FW_CFG_SELECTOR: *mut u16 = 0x0902_0008 as *mut u16;
 /// Select fw_cfg item `key`.
 pub fn fw_cfg_select(key: u16) {
     // SAFETY: the virt machine's fw_cfg is at this address; MMIO is volatile.
-    unsafe { FW_CFG_SELECTOR.write_volatile(key.to_be()) }
+    unsafe { mmio::write16(FW_CFG_SELECTOR as usize, key.to_be()) }
 }
 
 /// Next byte of the selected fw_cfg item.
 pub fn fw_cfg_read() -> u8 {
     // SAFETY: as above.
-    unsafe { FW_CFG_DATA.read_volatile() }
+    unsafe { mmio::read8(FW_CFG_DATA as usize) }
 }
 
 /// PSCI SYSTEM_OFF (SMC32), PSCI 1.1 (DEN0022) §5.10.
@@ -646,6 +711,18 @@ static mut SECONDARY_STACKS: [[u128; 1024]; MAX_SECONDARIES + 1] = [[0; 1024]; M
 /// The [`SECONDARY_WORK`]/[`SECONDARY_STACKS`] slot of CPU `mpidr`.
 fn secondary_slot(mpidr: u64) -> usize {
     (mpidr & 0xff) as usize % (MAX_SECONDARIES + 1)
+}
+
+/// An exception at EL1 nothing expected (no [`catch`] armed): say what
+/// it was and exit with 0x40 + its EC, through [`exit`] (semihosting, or
+/// on KVM, which has none, the console and PSCI).
+#[no_mangle]
+extern "C" fn guest_unexpected(esr: u64, elr: u64, far: u64) -> ! {
+    crate::println!(
+        "unexpected exception: ESR_EL1 {esr:#x} (EC {:#x}) ELR_EL1 {elr:#x} FAR_EL1 {far:#x}",
+        esr >> 26
+    );
+    exit(0x40 + (esr >> 26) as u32)
 }
 
 #[no_mangle]

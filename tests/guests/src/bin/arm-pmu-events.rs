@@ -14,8 +14,9 @@
 //! prefetch counts 2n loads, 2n stores and 4n accesses (a prefetch is no
 //! load, as PRFM in the first loop's group). A run of EL0 code is one
 //! exception (its SVC) taken from EL0, a caught BRK one taken from EL1,
-//! filtered by PMEVTYPER's P and U bits. SKIPs where the events are not
-//! counted (stock TCG).
+//! filtered by PMEVTYPER's P and U bits (on KVM at least those: the
+//! exceptions to the host hypervisor count too). SKIPs where the events
+//! are not counted (stock TCG).
 //! Spec: Arm ARM D13 (common events), K3 (PMU event descriptions), C6.2
 //! (CPY*, SET*), and the SVE supplement's LD1D, ST1D, LDR, STR, PRFD.
 #![no_std]
@@ -116,24 +117,24 @@ fn main(t: &mut Test) {
         t.check("brk-caught", f.is_some(), format_args!("BRK did not trap"));
     }
     write_sysreg!("pmcntenclr_el0", 0b111000);
-    t.count(
-        "exc.all",
-        read_sysreg!("pmevcntr3_el0"),
-        8,
-        Tolerance::EXACT,
-    );
-    t.count(
-        "exc.from-el0",
-        read_sysreg!("pmevcntr4_el0"),
-        5,
-        Tolerance::EXACT,
-    );
-    t.count(
-        "exc.from-el1",
-        read_sysreg!("pmevcntr5_el0"),
-        3,
-        Tolerance::EXACT,
-    );
+    // On KVM the exceptions taken to the host hypervisor while the guest
+    // runs (its interrupts, its traps: a PMU access under MDCR_EL2.TPM)
+    // are taken from the guest's EL and counted too (measured nested: 224
+    // for 8): at least the guest's own there, exactly them elsewhere.
+    let exc = |t: &mut Test, name: &str, got: u64, want: u64| {
+        if guest::backend() == Some(guest::Backend::Kvm) {
+            t.check(
+                name,
+                got >= want,
+                format_args!("got {got}, want at least {want}"),
+            );
+        } else {
+            t.count(name, got, want, Tolerance::EXACT);
+        }
+    };
+    exc(t, "exc.all", read_sysreg!("pmevcntr3_el0"), 8);
+    exc(t, "exc.from-el0", read_sysreg!("pmevcntr4_el0"), 5);
+    exc(t, "exc.from-el1", read_sysreg!("pmevcntr5_el0"), 3);
 }
 
 /// Counters 0–2 (LD_RETIRED, ST_RETIRED, MEM_ACCESS, as `main` set them)

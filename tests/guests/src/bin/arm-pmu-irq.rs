@@ -28,7 +28,7 @@ fn main(t: &mut Test) {
 
 #[cfg(target_arch = "aarch64")]
 fn main(t: &mut Test) {
-    use guest::gic::v2 as gic;
+    use guest::gic::any as gic;
     use guest::{read_sysreg, write_sysreg};
     /// The PMU's PPI on the virt board (KVM's default too).
     const PMU_PPI: u32 = 23;

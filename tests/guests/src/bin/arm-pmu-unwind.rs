@@ -35,7 +35,7 @@ fn main(t: &mut Test) {
 mod arm {
     use core::arch::global_asm;
 
-    use guest::gic::v2 as gic;
+    use guest::gic::any as gic;
     use guest::paging::{self, Table, FAULT_WINDOW};
     use guest::{read_sysreg, write_sysreg, Test};
 
@@ -235,18 +235,28 @@ unwind_backing: .skip 4096
             read(&raw const unwind_irqs),
             1,
         );
-        t.eq(
-            "pmi-after-fault.pc",
+        // Hardware (the kvm backend) has skid: KVM's interrupt comes
+        // through the host's perf overflow handler, some instructions late
+        // (measured nested: 1).
+        let skid = guest::Tolerance { hardware: 16 }.here();
+        let (pc, count) = (
             read(&raw const unwind_irq_pc),
-            want_pc,
+            read(&raw const unwind_irq_count) as u32,
+        );
+        t.check(
+            "pmi-after-fault.pc",
+            pc >= want_pc && (pc - want_pc) / 4 <= skid,
+            format_args!("got {pc:#x}, want {want_pc:#x} + at most {skid} instructions"),
         );
         // Wrapped at 32 bits (PMCR_EL0.LP clear); with PMUv3p5 the counter
         // is 64 bits wide and counts on past bit 31, as under KVM
-        // (kvm_pmc_is_64bit).
-        t.eq(
+        // (kvm_pmc_is_64bit). The handler's first read: its instructions
+        // before it, and the skid.
+        let want = IRQ_HANDLER_BEFORE_READ as u32;
+        t.check(
             "pmi-after-fault.counter-wrapped",
-            read(&raw const unwind_irq_count) as u32,
-            IRQ_HANDLER_BEFORE_READ as u32,
+            count >= want && u64::from(count - want) <= skid,
+            format_args!("got {count}, want {want} + at most {skid}"),
         );
     }
 }

@@ -24,7 +24,7 @@ fn main(t: &mut Test) {
 }
 
 #[cfg(target_arch = "aarch64")]
-use guest::gic::v2 as gic;
+use guest::gic::any as gic;
 
 #[cfg(target_arch = "aarch64")]
 mod timer {
