@@ -38,7 +38,7 @@ const SUBSET: &[&str] = &[
 /// HVC path), PV stolen time, two vCPUs, the timers through GICv3, and
 /// KVM's vPMU over rustkvm's PMUv3 with EL2 told apart: counts, events,
 /// CHAIN, EL0 access through MDCR_EL2.TPM, the overflow interrupt (also
-/// after a fault, and as an NMI), routing; arm-pmu-el2, declared SKIP on
+/// after a fault, as an NMI, and reset by CPU_ON), routing; arm-pmu-el2, declared SKIP on
 /// this L1 (its KVM gives guests no EL2). Still open: docs/nested.md.
 const ARM64_SUBSET: &[&str] = &[
     "hello",
@@ -53,6 +53,7 @@ const ARM64_SUBSET: &[&str] = &[
     "arm-pmu-events",
     "arm-pmu-irq",
     "arm-pmu-unwind",
+    "arm-pmu-cpu-on",
     "arm-pmu-routing",
     "arm-pmu-nmi",
     "arm-pmu-el2",

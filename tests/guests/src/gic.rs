@@ -1,8 +1,9 @@
 //! The arm64 virt board's interrupt controller, polled (the guests run with
 //! PSTATE.I masked and acknowledge at the CPU interface): GICv2 (the
 //! default; distributor 0x0800_0000, CPU interface 0x0801_0000, Arm IHI
-//! 0048B) and GICv3 (`-M virt,gic-version=3`; redistributor of CPU 0 at
-//! 0x080A_0000, system-register CPU interface, Arm IHI 0069).
+//! 0048B) and GICv3 (`-M virt,gic-version=3`; the redistributors from
+//! 0x080A_0000, each CPU its own, system-register CPU interface, Arm IHI
+//! 0069).
 
 /// The interrupt ID an acknowledge reads when nothing is pending.
 pub const SPURIOUS: u32 = 1023;
@@ -26,16 +27,27 @@ const GICC_IAR: usize = 0x00c;
 /// GICC_EOIR: end of interrupt.
 const GICC_EOIR: usize = 0x010;
 
-/// CPU 0's redistributor (RD_base); its SGI/PPI frame follows at +64 KiB.
+/// The redistributor region: CPU 0's RD_base first, each CPU's 128 KiB
+/// (RD_base, then its SGI/PPI frame at +64 KiB).
 const GICR: usize = 0x080a_0000;
+/// One redistributor's two frames.
+const GICR_STRIDE: usize = 0x2_0000;
+/// Its SGI/PPI frame, after RD_base.
+const GICR_SGI_FRAME: usize = 0x1_0000;
+/// GICR_TYPER (64-bit, read as two words): Affinity in bits 63:32, Last
+/// (the region's last redistributor) bit 4.
+const GICR_TYPER: usize = 0x0008;
 /// GICR_WAKER: bit 1 ProcessorSleep.
 const GICR_WAKER: usize = 0x0014;
-const GICR_SGI: usize = GICR + 0x1_0000;
-/// GICR_IGROUPR0, GICR_ISENABLER0, GICR_ICENABLER0, GICR_IPRIORITYR.
+/// GICR_IGROUPR0, GICR_ISENABLER0, GICR_ICENABLER0, GICR_ISPENDR0,
+/// GICR_IPRIORITYR (SGI/PPI frame).
 const GICR_IGROUPR0: usize = 0x080;
 const GICR_ISENABLER0: usize = 0x100;
 const GICR_ICENABLER0: usize = 0x180;
+const GICR_ISPENDR0: usize = 0x200;
 const GICR_IPRIORITYR: usize = 0x400;
+/// GICD_ISPENDR0 (v2: banked for SGIs and PPIs).
+const GICD_ISPENDR0: usize = 0x200;
 
 fn w(addr: usize, v: u32) {
     // SAFETY: GIC MMIO on the virt board, identity-mapped (MMU off).
@@ -77,6 +89,11 @@ pub mod v2 {
         w(GICD + GICD_ICENABLER0, 1 << id);
     }
 
+    /// Whether PPI `id` is pending for this CPU (banked GICD_ISPENDR0).
+    pub fn pending(id: u32) -> bool {
+        r(GICD + GICD_ISPENDR0) & (1 << id) != 0
+    }
+
     /// Acknowledge the highest-priority pending interrupt (ID or SPURIOUS).
     pub fn ack() -> u32 {
         r(GICC + GICC_IAR) & 0x3ff
@@ -94,13 +111,47 @@ pub mod v3 {
     use super::*;
     use crate::{read_sysreg, write_sysreg};
 
-    /// Enable affinity routing and Group 1, wake CPU 0's redistributor,
+    /// This CPU's redistributor (RD_base): the one whose GICR_TYPER
+    /// affinity is this CPU's MPIDR_EL1 affinity, found once per CPU (by
+    /// Aff0) walking the region to its Last; CPU 0's if none matches.
+    fn rd() -> usize {
+        use core::sync::atomic::{AtomicUsize, Ordering};
+        /// Each CPU's RD_base by Aff0 (0: not looked up yet).
+        static FOUND: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+        let mpidr = read_sysreg!("mpidr_el1");
+        let slot = &FOUND[(mpidr & 7) as usize];
+        let known = slot.load(Ordering::Relaxed);
+        if known != 0 {
+            return known;
+        }
+        let aff = (((mpidr >> 32) & 0xff) << 24 | (mpidr & 0xff_ffff)) as u32;
+        let mut rd = GICR;
+        let found = loop {
+            if r(rd + GICR_TYPER + 4) == aff {
+                break rd;
+            }
+            if r(rd + GICR_TYPER) & (1 << 4) != 0 {
+                break GICR;
+            }
+            rd += GICR_STRIDE;
+        };
+        slot.store(found, Ordering::Relaxed);
+        found
+    }
+
+    /// This CPU's SGI/PPI frame.
+    fn sgi() -> usize {
+        rd() + GICR_SGI_FRAME
+    }
+
+    /// Enable affinity routing and Group 1, wake this CPU's redistributor,
     /// enable the system-register interface with priority mask `pmr`.
     pub fn init(pmr: u8) {
         w(GICD + GICD_CTLR, (1 << 4) | (1 << 1));
-        w(GICR + GICR_WAKER, r(GICR + GICR_WAKER) & !(1 << 1));
-        while r(GICR + GICR_WAKER) & (1 << 2) != 0 {}
-        w(GICR_SGI + GICR_IGROUPR0, u32::MAX);
+        let rd = rd();
+        w(rd + GICR_WAKER, r(rd + GICR_WAKER) & !(1 << 1));
+        while r(rd + GICR_WAKER) & (1 << 2) != 0 {}
+        w(sgi() + GICR_IGROUPR0, u32::MAX);
         write_sysreg!("S3_0_C12_C12_5", 1u64 | read_sysreg!("S3_0_C12_C12_5")); // ICC_SRE_EL1.SRE
         write_sysreg!("S3_0_C4_C6_0", u64::from(pmr)); // ICC_PMR_EL1
         write_sysreg!("S3_0_C12_C12_7", 1u64); // ICC_IGRPEN1_EL1
@@ -108,13 +159,18 @@ pub mod v3 {
 
     /// Enable PPI `id` at `priority` (lower is more urgent).
     pub fn enable_at(id: u32, priority: u8) {
-        w8(GICR_SGI + GICR_IPRIORITYR + id as usize, priority);
-        w(GICR_SGI + GICR_ISENABLER0, 1 << id);
+        w8(sgi() + GICR_IPRIORITYR + id as usize, priority);
+        w(sgi() + GICR_ISENABLER0, 1 << id);
     }
 
     /// Disable PPI `id`.
     pub fn disable(id: u32) {
-        w(GICR_SGI + GICR_ICENABLER0, 1 << id);
+        w(sgi() + GICR_ICENABLER0, 1 << id);
+    }
+
+    /// Whether PPI `id` is pending for this CPU (its GICR_ISPENDR0).
+    pub fn pending(id: u32) -> bool {
+        r(sgi() + GICR_ISPENDR0) & (1 << id) != 0
     }
 
     /// Acknowledge (ICC_IAR1_EL1): the ID, or SPURIOUS.
@@ -177,6 +233,15 @@ pub mod any {
             v3::ack()
         } else {
             v2::ack()
+        }
+    }
+
+    /// Whether PPI `id` is pending for this CPU.
+    pub fn pending(id: u32) -> bool {
+        if is_v3() {
+            v3::pending(id)
+        } else {
+            v2::pending(id)
         }
     }
 
