@@ -126,15 +126,22 @@ impl ArmLocal {
         [e[1], e[3], e[5], e[7], e[9], e[11], cycles]
     }
 
-    /// The vCPU is at `el` now (see [`El2Split`]).
-    fn note_el(&mut self, shared: &Shared, el: u32) {
-        let now = Self::privileged(self.raw(shared));
-        self.el2.at(el, now);
+    /// The vCPU is at `el` now (see [`El2Split`]): the totals it read.
+    fn note_el(&mut self, shared: &Shared, el: u32) -> ([u64; 12], u64) {
+        let raw = self.raw(shared);
+        self.el2.at(el, Self::privileged(raw));
+        raw
     }
 
     /// The PMU's event totals now, by exception level.
     fn events(&mut self, shared: &Shared) -> pmu::Events {
         let raw = self.raw(shared);
+        self.events_of(raw)
+    }
+
+    /// The PMU's event totals by exception level from the engine's `raw`
+    /// ones (one reading: the EL2 split and the events agree).
+    fn events_of(&self, raw: ([u64; 12], u64)) -> pmu::Events {
         let el2 = self.el2.at_el2(&Self::privileged(raw));
         let (e, cycles) = raw;
         let by_el = |k: usize| [e[2 * k], e[2 * k + 1].wrapping_sub(el2[k]), el2[k]];
@@ -294,8 +301,8 @@ impl<'a> Arm<'a> {
             if !l.pmu.present() {
                 return Route::Unhandled;
             }
-            l.note_el(shared, el);
-            let ev = l.events(shared);
+            let raw = l.note_el(shared, el);
+            let ev = l.events_of(raw);
             f(l, reg, &ev)
         })
     }
@@ -329,7 +336,9 @@ impl<'a> Arm<'a> {
     /// now (reported for a vCPU with EL2, and after each reset and load).
     pub fn el_change(&self, el: u32) {
         let shared = self.shared();
-        self.local(|l| l.note_el(shared, el));
+        self.local(|l| {
+            l.note_el(shared, el);
+        });
     }
 
     /// MDCR_EL2 := `value` (a write at EL2, after a reset or a load): what
@@ -406,12 +415,12 @@ impl<'a> Arm<'a> {
     pub fn pmu_load(&self, regs: &[u64; pmu::SAVED_REGS]) {
         let shared = self.shared();
         self.local(|l| {
-            let now = ArmLocal::privileged(l.raw(shared));
+            let raw = l.raw(shared);
             l.el2 = El2Split {
                 done: [0; SPLIT],
-                entered: l.el2.entered.map(|_| now),
+                entered: l.el2.entered.map(|_| ArmLocal::privileged(raw)),
             };
-            let ev = l.events(shared);
+            let ev = l.events_of(raw);
             let irq = l.pmu.load_regs(regs, &ev).irq;
             l.publish(shared, &ev, irq);
         });
