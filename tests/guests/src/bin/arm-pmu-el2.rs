@@ -60,6 +60,11 @@ mod el2 {
         old
     }
 
+    /// MDCR_EL2.
+    pub extern "C" fn mdcr_read(_: u64) -> u64 {
+        guest::read_sysreg!("mdcr_el2")
+    }
+
     /// PMCR_EL0 read at EL2.
     pub extern "C" fn pmcr(_: u64) -> u64 {
         guest::read_sysreg!("pmcr_el0")
@@ -149,7 +154,7 @@ fn main(t: &mut Test) {
     let trapped = || guest::arch::take_el2_trap().map(|f| f.ec());
     write_sysreg!("pmuserenr_el0", PMUSERENR_CR);
     let _ = trapped();
-    let mdcr = run_el2(el2::mdcr, 0).unwrap_or(0);
+    let mdcr = run_el2(el2::mdcr_read, 0).unwrap_or(0);
     let _ = run_el2(el2::mdcr, mdcr | MDCR_TPM);
     let _ = read_sysreg!("pmccntr_el0");
     t.eq("tpm.el1-traps-to-el2", trapped(), Some(EC_SYSREG));
