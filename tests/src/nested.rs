@@ -699,32 +699,30 @@ fn run_in(
             }
         };
         let outcome = run::hold_to_declaration_on(test, arch, variant, Backend::Kvm, true, outcome);
-        crate::record_verdict(
-            &format!("guest {}/{arch}/{variant}/kvm-nested", test.name),
-            &outcome.status,
-        );
-        results.guests.push(RunResult {
-            test: test.name.clone(),
-            arch,
-            variant,
-            backend: Backend::Kvm,
-            outcome,
-        });
+        results.guests.push(recorded(test, arch, variant, outcome));
     }
     for (test, variant, why) in skipped {
-        crate::record_verdict(
-            &format!("guest {}/{arch}/{variant}/kvm-nested", test.name),
-            &Status::Skip(why.clone()),
-        );
-        results.guests.push(RunResult {
-            test: test.name.clone(),
-            arch,
-            variant,
-            backend: Backend::Kvm,
-            outcome: Outcome::skipped(why),
-        });
+        results
+            .guests
+            .push(recorded(test, arch, variant, Outcome::skipped(why)));
     }
     Ok(results)
+}
+
+/// A nested kvm run of `test` ended with `outcome`: its verdict recorded
+/// (`guest NAME/ARCH/VARIANT/kvm-nested`), its result.
+fn recorded(test: &GuestTest, arch: Arch, variant: Variant, outcome: Outcome) -> RunResult {
+    crate::record_verdict(
+        &format!("guest {}/{arch}/{variant}/kvm-nested", test.name),
+        &outcome.status,
+    );
+    RunResult {
+        test: test.name.clone(),
+        arch,
+        variant,
+        backend: Backend::Kvm,
+        outcome,
+    }
 }
 
 #[cfg(test)]
