@@ -13,6 +13,10 @@
 //!   120: a hang guard, long enough for a loaded host);
 //! - `vary`: `measure` keys whose values legitimately differ between runs or
 //!   backends, left out of the cross-backend comparison;
+//! - `kvm-vary`: fields (`measure` keys and check names; `NAME*` a prefix)
+//!   that are the host's on real KVM (cycles, steal amounts, timing, what
+//!   the host hypervisor adds): the differential check
+//!   (`crate::differential`) shows them but does not fail on them;
 //! - `cpu`: the `-cpu` model (default: QEMU's default for the machine);
 //! - `machine`: options added to the machine (`-M virt,OPTS`), e.g.
 //!   `gic-version=3`;
@@ -172,6 +176,9 @@ pub struct GuestTest {
     pub timeout: Duration,
     /// `measure` keys excluded from cross-backend comparison.
     pub vary: Vec<String>,
+    /// Fields that are the host's on real KVM (`kvm-vary`): the
+    /// differential check does not fail on them.
+    pub kvm_vary: Vec<String>,
     /// `-cpu` model, if not the machine's default.
     pub cpu: Option<String>,
     /// Options added to `-M`.
@@ -206,6 +213,7 @@ impl GuestTest {
             // on an idle host may take a minute on a loaded one.
             timeout: DEFAULT_TIMEOUT,
             vary: Vec::new(),
+            kvm_vary: Vec::new(),
             cpu: None,
             machine: None,
             compare: true,
@@ -287,6 +295,7 @@ impl GuestTest {
                         test.timeout = Duration::from_secs(secs);
                     }
                     "vary" => test.vary.extend(value.split(',').map(str::to_string)),
+                    "kvm-vary" => test.kvm_vary.extend(value.split(',').map(str::to_string)),
                     "cpu" => test.cpu = Some(value.to_string()),
                     "machine" => test.machine = Some(value.to_string()),
                     "needs" => {

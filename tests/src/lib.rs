@@ -12,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod boot;
+pub mod differential;
 pub mod guard;
 pub mod guest;
 pub mod host;

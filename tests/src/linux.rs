@@ -268,6 +268,10 @@ pub struct LinuxRun {
     pub elapsed: Duration,
     /// The console (serial) output.
     pub console: String,
+    /// How QEMU ended ("exited with status 0", "killed by signal 11
+    /// (SIGSEGV)", what its hang guard saw), and the end of its stderr:
+    /// what a boot that stopped short of its work left to tell why.
+    pub ending: String,
 }
 
 /// `$RUSTKVM_CACHE` (the shell scripts' default: /var/cache/rustkvm).
@@ -489,24 +493,28 @@ pub fn run(config: Config, timeout: Duration) -> LinuxRun {
 pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> LinuxRun {
     let start = Instant::now();
     let started_unix_s = unix_now();
-    let done =
-        |outcome: Outcome, console: String, offset: Option<(f64, f64)>, seen: Option<Instant>| {
-            record(config, &outcome);
-            LinuxRun {
-                config,
-                outcome,
-                wallclock_offset_s: offset.map(|(guest, host)| guest - host),
-                host_unix_s: (started_unix_s, offset.map(|(_, host)| host)),
-                host_clock_step_s: offset.zip(seen).map(|((_, host), seen)| {
-                    (host - started_unix_s) - seen.duration_since(start).as_secs_f64()
-                }),
-                elapsed: start.elapsed(),
-                console,
-            }
-        };
+    let done = |outcome: Outcome,
+                console: String,
+                ending: String,
+                offset: Option<(f64, f64)>,
+                seen: Option<Instant>| {
+        record(config, &outcome);
+        LinuxRun {
+            config,
+            outcome,
+            wallclock_offset_s: offset.map(|(guest, host)| guest - host),
+            host_unix_s: (started_unix_s, offset.map(|(_, host)| host)),
+            host_clock_step_s: offset.zip(seen).map(|((_, host), seen)| {
+                (host - started_unix_s) - seen.duration_since(start).as_secs_f64()
+            }),
+            elapsed: start.elapsed(),
+            console,
+            ending,
+        }
+    };
     if config.backend == Backend::Kvm {
         if let Some(why) = host::kvm_unavailable(config.arch) {
-            return done(Outcome::Skip(why), String::new(), None, None);
+            return done(Outcome::Skip(why), String::new(), String::new(), None, None);
         }
     }
     let images = match from {
@@ -519,12 +527,28 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 hypervisor: false,
                 append: String::new(),
             },
-            Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None, None),
+            Err(e) => {
+                return done(
+                    Outcome::Error(e.to_string()),
+                    String::new(),
+                    String::new(),
+                    None,
+                    None,
+                )
+            }
         },
     };
     let exe = match qemu::emulator(config.arch) {
         Ok(p) => p,
-        Err(e) => return done(Outcome::Error(e.to_string()), String::new(), None, None),
+        Err(e) => {
+            return done(
+                Outcome::Error(e.to_string()),
+                String::new(),
+                String::new(),
+                None,
+                None,
+            )
+        }
     };
     let mut command = match config.pin_cpu {
         Some(cpu) => {
@@ -546,6 +570,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
             return done(
                 Outcome::Error(format!("starting {}: {e}", exe.display())),
                 String::new(),
+                String::new(),
                 None,
                 None,
             )
@@ -555,6 +580,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
     let err = Capture::spawn(child.stderr.take());
     let guard = HangGuard::new(child.id(), timeout, start);
     let mut hang = None;
+    let mut status = None;
     let mut report_seen_at = None;
     let mut report_seen_instant = None;
     loop {
@@ -565,8 +591,13 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         if config.backend == Backend::Kvm && kvm_internal_error(&err.snapshot()).is_some() {
             let _ = child.kill();
         }
-        if !matches!(child.try_wait(), Ok(None)) {
-            break;
+        match child.try_wait() {
+            Ok(None) => {}
+            Ok(Some(s)) => {
+                status = Some(s);
+                break;
+            }
+            Err(_) => break,
         }
         hang = guard.check();
         if hang.is_some() {
@@ -582,6 +613,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         report_seen_at = Some(unix_now());
         report_seen_instant = Some(Instant::now());
     }
+    let ending = ending(status, hang.as_ref().map(|h| h.to_string()), &stderr);
     let outcome = boot_outcome(config, &console, &stderr, hang.map(|h| h.to_string()));
     let offset = match (&outcome, report_seen_at) {
         (Outcome::Ok(r), Some(host)) => r
@@ -590,7 +622,47 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
             .map(|g| (g / 1e9, host)),
         _ => None,
     };
-    done(outcome, console, offset, report_seen_instant)
+    done(outcome, console, ending, offset, report_seen_instant)
+}
+
+/// How a QEMU that ended with `status` (None: killed by its guard, which
+/// saw `hang`) and wrote `stderr` ended, in one line and the tail of its
+/// stderr.
+fn ending(status: Option<std::process::ExitStatus>, hang: Option<String>, stderr: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match (status, hang) {
+        (_, Some(h)) => format!("QEMU killed by the harness: {h}"),
+        (Some(s), None) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("QEMU exited with status {c}"),
+            (None, Some(sig)) => format!(
+                "QEMU killed by signal {sig} ({}){}",
+                signal_name(sig),
+                if s.core_dumped() { ", core dumped" } else { "" }
+            ),
+            (None, None) => format!("QEMU ended: {s}"),
+        },
+        (None, None) => "QEMU's end unknown (waiting for it failed)".into(),
+    };
+    if stderr.trim().is_empty() {
+        how
+    } else {
+        format!("{how}; its stderr ends:\n{}", tail(stderr, 6))
+    }
+}
+
+/// The name of signal `sig` (signal(7)), for the common ones.
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGILL => "SIGILL",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGTRAP => "SIGTRAP",
+        _ => "another signal",
+    }
 }
 
 /// The `KVM internal error` line in QEMU's `stderr`, with the faulting
@@ -676,6 +748,7 @@ pub fn from_output(
         host_clock_step_s: None,
         elapsed,
         console,
+        ending: String::new(),
     }
 }
 
@@ -1077,6 +1150,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn how_qemu_ended_is_said() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        assert_eq!(
+            ending(Some(ExitStatus::from_raw(0)), None, ""),
+            "QEMU exited with status 0"
+        );
+        // Killed by SIGABRT (6) with a core: the wait status 6 | 0x80.
+        let e = ending(
+            Some(ExitStatus::from_raw(6 | 0x80)),
+            None,
+            "a\nqemu: assertion failed\n",
+        );
+        assert_eq!(
+            e,
+            "QEMU killed by signal 6 (SIGABRT), core dumped; its stderr ends:\na\nqemu: assertion failed"
+        );
+        assert!(
+            ending(None, Some("hung".into()), "").starts_with("QEMU killed by the harness: hung")
+        );
+    }
+
+    #[test]
     fn shards_cover_the_linux_matrix_exactly_once() {
         let backends = [
             (Backend::Tcg, false, false, PmuModel::Default),
@@ -1123,6 +1219,7 @@ mod tests {
             host_clock_step_s: Some(0.0),
             elapsed: Duration::from_secs(5),
             console: console.into(),
+            ending: String::new(),
         }
     }
 

@@ -636,7 +636,11 @@ fn run_in(
                 }
             }
         } else {
-            format!("L1 never ran it; L1's console ends:\n{}", l1_tail())
+            format!(
+                "L1 never ran it ({}); L1's console ends:\n{}",
+                l1.ending,
+                l1_tail()
+            )
         }
     };
     let mut results = L1Results {

@@ -303,6 +303,7 @@ mod tests {
             smp: 1,
             timeout: Duration::from_secs(1),
             vary: vec!["t".into()],
+            kvm_vary: Vec::new(),
             cpu: None,
             machine: None,
             compare: true,

@@ -101,6 +101,7 @@ fn linux_runs_and_failures_parse_with_their_console_tail() {
         host_clock_step_s: None,
         elapsed: Duration::from_secs(3),
         console: "[    0.1] Linux version 6.12\n\u{1b}[0mKernel panic <not syncing>\n".into(),
+        ending: String::new(),
     };
     let cases: Vec<Case> = [
         run(Backend::Rustkvm, linux::Outcome::Ok(serde_json::json!({}))),

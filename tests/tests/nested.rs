@@ -9,7 +9,9 @@
 //! runs in a row with two busy loops beside them passed.
 
 use rustkvm_tests::linux::{self, Outcome};
-use rustkvm_tests::{guest, nested, run::Status, Arch, Backend, Variant};
+use rustkvm_tests::{
+    differential, guest, nested, run, run::Status, Arch, Backend, RunResult, Variant,
+};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -62,9 +64,9 @@ const ARM64_SUBSET: &[&str] = &[
 ];
 
 /// Run `subset` (default variant) and one Linux boot (two vCPUs) in one L1
-/// of `arch`; fail on any guest that failed its declaration; the guests
-/// that passed, and the Linux run.
-fn run_subset(arch: Arch, subset: &[&str]) -> (usize, linux::LinuxRun) {
+/// of `arch`; fail on any guest that failed its declaration; how many
+/// guests passed, their results and the Linux run.
+fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::LinuxRun) {
     // One L1 at a time: each takes both of a 2-core machine's cores.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -102,13 +104,39 @@ fn run_subset(arch: Arch, subset: &[&str]) -> (usize, linux::LinuxRun) {
         .iter()
         .filter(|r| r.outcome.status == Status::Pass)
         .count();
-    (passed, l1.linux.remove(0))
+    (passed, results, l1.linux.remove(0))
+}
+
+/// The differential check (docs/nested.md): each of `nested` (real KVM's
+/// results) and the `linux` boot beside the same on rustkvm at this level,
+/// field by field; fails on any difference not declared.
+fn same_as_rustkvm(nested: &[RunResult], linux: &linux::LinuxRun) {
+    let tests = guest::discover().expect("guests");
+    let mut findings = Vec::new();
+    for k in nested {
+        let t = tests.iter().find(|t| t.name == k.test).expect("a guest");
+        let r = run::run(t, k.arch, Variant::Default, Backend::Rustkvm).expect("the rustkvm run");
+        let c = differential::guest(t, &r, k, true);
+        if c.findings() > 0 {
+            findings.push(differential::table(&format!("{}/{}", k.test, k.arch), &c));
+        }
+    }
+    let r = linux::run(
+        linux::Config::new(linux.config.arch, Backend::Rustkvm, linux.config.smp),
+        linux::DEFAULT_TIMEOUT,
+    );
+    let c = differential::linux_boot(&r, linux);
+    if c.findings() > 0 {
+        findings.push(differential::table("linux", &c));
+    }
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
 }
 
 #[test]
 fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
-    let (passed, linux) = run_subset(Arch::X86_64, SUBSET);
+    let (passed, results, linux) = run_subset(Arch::X86_64, SUBSET);
     linux_on_real_kvm(&linux);
+    same_as_rustkvm(&results, &linux);
     assert_eq!(
         passed,
         SUBSET.len() - 1,
@@ -118,13 +146,14 @@ fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
 
 #[test]
 fn arm64_guests_meet_their_declarations_on_real_kvm_arm64_nested_in_rustkvm() {
-    let (passed, linux) = run_subset(Arch::Aarch64, ARM64_SUBSET);
+    let (passed, results, linux) = run_subset(Arch::Aarch64, ARM64_SUBSET);
     assert_eq!(
         passed,
         ARM64_SUBSET.len() - 2,
         "only arm-pmu-el2 and arm-counter-el2 SKIP here (L1's KVM gives guests no EL2)"
     );
     arm64_linux_on_real_kvm(&linux);
+    same_as_rustkvm(&results, &linux);
 }
 
 /// A nested Linux run's label and probe report (panics if it has none).

@@ -5,6 +5,7 @@
 //! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]...
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
 //!               [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]
+//!               [--differential]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
 //!               [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor]
 //!               [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
@@ -38,6 +39,10 @@
 //! `--nested`: the kvm configurations boot on Linux's own KVM (kvm_amd on
 //! x86, KVM/arm64 at EL2 on arm64) inside one rustkvm L1 per architecture
 //! (docs/nested.md), labelled `kvm,nested`; the probe only (not `--kernel`).
+//! `--differential`: rustkvm and kvm only, and after the table each
+//! rustkvm boot beside the kvm boot of the same architecture and vCPUs,
+//! row by row (`rustkvm_tests::differential`): a difference outside the
+//! declared host-dependent rows fails.
 //! Defaults: both architectures; tcg, rustkvm, rustkvm with all vCPUs on one
 //! host thread (overcommit: steal time), rustkvm with the Intel PMU (x86),
 //! and kvm (which SKIPs with the reason
@@ -49,7 +54,7 @@ use std::time::Duration;
 
 use rustkvm_tests::boot::{self, BootSpec};
 use rustkvm_tests::linux::{self, BusyAmount, Config, Outcome, PmuModel, Workload};
-use rustkvm_tests::{nested, Arch, Backend, HarnessError};
+use rustkvm_tests::{differential, nested, Arch, Backend, HarnessError};
 
 struct Args {
     arches: Vec<Arch>,
@@ -69,6 +74,8 @@ struct Args {
     /// `--nested`: the kvm configurations on Linux's own KVM inside one
     /// rustkvm L1 (rustkvm_tests::nested).
     nested: bool,
+    /// `--differential`: rustkvm beside kvm, row by row.
+    differential: bool,
 }
 
 /// tcg, rustkvm, rustkvm on one host thread, rustkvm with the Intel PMU
@@ -99,6 +106,7 @@ fn parse() -> Result<Args, HarnessError> {
         boot: None,
         expect: Vec::new(),
         nested: false,
+        differential: false,
     };
     let mut spec = BootSpec::default();
     let mut kernel_given = false;
@@ -168,6 +176,7 @@ fn parse() -> Result<Args, HarnessError> {
             }
             "--json" => a.json = true,
             "--nested" => a.nested = true,
+            "--differential" => a.differential = true,
             "--kernel" => {
                 spec.kernel = value("--kernel")?.into();
                 kernel_given = true;
@@ -224,7 +233,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested] [--differential]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n  --differential: rustkvm and kvm row by row; fails on a difference outside the declared host-dependent rows\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -294,6 +303,22 @@ fn parse() -> Result<Args, HarnessError> {
                 "--nested: thread=single and icount are TCG options, not the kvm backend's".into(),
             ));
         }
+    }
+    if a.differential {
+        if a.boot.is_some() {
+            return Err(usage(
+                "--differential compares the probe's report: not --kernel".into(),
+            ));
+        }
+        if !a.backends.is_empty() {
+            return Err(usage(
+                "--differential runs rustkvm and kvm itself: no --backend".into(),
+            ));
+        }
+        a.backends = vec![
+            (Backend::Rustkvm, false, false, PmuModel::Default),
+            (Backend::Kvm, false, false, PmuModel::Default),
+        ];
     }
     if a.arches.is_empty() {
         a.arches = Arch::ALL.to_vec();
@@ -402,7 +427,27 @@ fn main() -> ExitCode {
             );
         }
     }
-    if runs.iter().any(|r| matches!(r.outcome, Outcome::Error(_))) {
+    let mut differ = 0;
+    if args.differential {
+        println!("\nrustkvm and real KVM, row by row:");
+        for k in runs.iter().filter(|r| r.config.backend == Backend::Kvm) {
+            let Some(r) = runs.iter().find(|r| {
+                r.config.backend == Backend::Rustkvm
+                    && r.config.arch == k.config.arch
+                    && r.config.smp == k.config.smp
+            }) else {
+                continue;
+            };
+            let c = differential::linux_boot(r, k);
+            differ += c.findings();
+            print!(
+                "{}",
+                differential::table(&format!("{} / {}", r.config.label(), k.config.label()), &c)
+            );
+        }
+        println!("differential: {differ} undeclared difference(s)");
+    }
+    if differ > 0 || runs.iter().any(|r| matches!(r.outcome, Outcome::Error(_))) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n]
-//!             [--tap] [--quiet] [FILTER]
+//!             [--tap] [--junit FILE] [--quiet] [--nested] [--differential]
+//!             [FILTER]
 //! ```
 //! Backends: `tcg` (stock TCG, the reference), `rustkvm` (`-accel rustkvm`,
 //! backend=tcg), `kvm` (`-accel rustkvm,backend=kvm`: the host's KVM, in the
@@ -10,23 +11,37 @@
 //! Prints a table (test/arch/variant × backend → PASS/FAIL/SKIP(reason)),
 //! what each guest measured under rustkvm, and any line where rustkvm's
 //! answers differ from tcg's. Exits 1 if anything failed or differed.
+//!
+//! `--differential` runs rustkvm and kvm (default variant; with `--nested`,
+//! real KVM inside a rustkvm L1) and shows each guest's fields side by side
+//! (`rustkvm_tests::differential`): a difference the guest does not declare
+//! host-dependent fails the run.
 
 use std::process::ExitCode;
 
+use rustkvm_tests::differential;
 use rustkvm_tests::report::{self, Selection};
 use rustkvm_tests::{guest, Arch, Backend, HarnessError, RunResult, Variant};
 
-/// Where `--junit` writes, if asked.
-type JunitPath = Option<std::path::PathBuf>;
+/// The command line.
+struct Args {
+    sel: Selection,
+    tap: bool,
+    quiet: bool,
+    /// Where `--junit` writes, if asked.
+    junit: Option<std::path::PathBuf>,
+    nested: bool,
+    differential: bool,
+}
 
-fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError> {
+fn parse_args() -> Result<Args, HarnessError> {
     let mut sel = Selection {
         arches: Vec::new(),
         backends: Vec::new(),
         variants: Vec::new(),
         ..Selection::default()
     };
-    let (mut tap, mut quiet, mut nested) = (false, false, false);
+    let (mut tap, mut quiet, mut nested, mut differential) = (false, false, false, false);
     let mut junit = None;
     let mut args = std::env::args().skip(1);
     let usage = |m: String| HarnessError::Usage(m);
@@ -63,8 +78,9 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError
             "--junit" => junit = Some(std::path::PathBuf::from(value("--junit")?)),
             "--quiet" => quiet = true,
             "--nested" => nested = true,
+            "--differential" => differential = true,
             "-h" | "--help" => {
-                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [--nested] [FILTER]\n  --nested: the kvm backend on real KVM inside one rustkvm L1 per architecture (x86_64: kvm_amd; aarch64: KVM/arm64 at EL2, with RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh)");
+                println!("usage: rustkvm-run [--arch A]... [--backend B]... [--variant V]... [--shard i/n] [--tap] [--junit FILE] [--quiet] [--nested] [--differential] [FILTER]\n  --nested: the kvm backend on real KVM inside one rustkvm L1 per architecture (x86_64: kvm_amd; aarch64: KVM/arm64 at EL2, with RUSTKVM_QEMU_HOST=aarch64 scripts/build-qemu.sh)\n  --differential: rustkvm and kvm (default variant) field by field; fails on a difference a guest does not declare (kvm-vary)");
                 std::process::exit(0);
             }
             f if !f.starts_with('-') && sel.filter.is_none() => sel.filter = Some(f.to_string()),
@@ -76,6 +92,22 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError
             "--nested runs the kvm backend: add --backend kvm".into(),
         ));
     }
+    if differential {
+        if !(sel.backends.is_empty()
+            || (sel.backends.contains(&Backend::Rustkvm) && sel.backends.contains(&Backend::Kvm)))
+        {
+            return Err(usage(
+                "--differential compares rustkvm with kvm: no --backend, or both".into(),
+            ));
+        }
+        if sel.variants.iter().any(|v| *v != Variant::Default) {
+            return Err(usage(
+                "--differential runs the default variant (kvm's only one)".into(),
+            ));
+        }
+        sel.backends = vec![Backend::Rustkvm, Backend::Kvm];
+        sel.variants = vec![Variant::Default];
+    }
     if sel.arches.is_empty() {
         sel.arches = Arch::ALL.to_vec();
     }
@@ -85,7 +117,14 @@ fn parse_args() -> Result<(Selection, bool, bool, JunitPath, bool), HarnessError
     if sel.variants.is_empty() {
         sel.variants = Variant::ALL.to_vec();
     }
-    Ok((sel, tap, quiet, junit, nested))
+    Ok(Args {
+        sel,
+        tap,
+        quiet,
+        junit,
+        nested,
+        differential,
+    })
 }
 
 fn main() -> ExitCode {
@@ -99,7 +138,14 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> Result<ExitCode, HarnessError> {
-    let (sel, tap, quiet, junit, nested) = parse_args()?;
+    let Args {
+        sel,
+        tap,
+        quiet,
+        junit,
+        nested,
+        differential,
+    } = parse_args()?;
     let tests = guest::discover()?;
     let progress = |r: &RunResult| {
         if !quiet && !tap {
@@ -162,6 +208,31 @@ fn real_main() -> Result<ExitCode, HarnessError> {
             differ += 1;
             println!("DIFF {}/{}/{}: {d}", r.test, r.arch, r.variant);
         }
+    }
+    if differential {
+        println!(
+            "\nrustkvm and real KVM{}, field by field:",
+            if nested { " (nested)" } else { "" }
+        );
+        for r in results.iter().filter(|r| r.backend == Backend::Kvm) {
+            let Some(reference) = results
+                .iter()
+                .find(|t| t.backend == Backend::Rustkvm && t.test == r.test && t.arch == r.arch)
+            else {
+                continue;
+            };
+            let test = tests
+                .iter()
+                .find(|t| t.name == r.test)
+                .expect("result of a discovered test");
+            let c = differential::guest(test, reference, r, nested);
+            differ += c.findings();
+            print!(
+                "{}",
+                differential::table(&format!("{}/{}", r.test, r.arch), &c)
+            );
+        }
+        println!("differential: {differ} undeclared difference(s)");
     }
     let (_, failed, _) = report::counts(&results);
     Ok(if failed == 0 && differ == 0 {

@@ -1,6 +1,7 @@
 //! rustkvm-test: arch=x86_64 smp=2 cpu=max compare=off vary=wall.unix-s,pvclock.tsc-khz,cross-vcpu.rounds
 //! rustkvm-expect: tcg=skip
 //!   (no kvmclock under stock TCG)
+//! rustkvm-test: kvm-vary=backwards-without-master-clock
 //! rustkvm-expect-skip: kvm-nested stable-bit-as-advertised,new-msr-stable-as-advertised-again,never-backwards-across-vcpus,monotonic-over-200000-reads-and-a-tsc-write
 //!   (kvm-nested: L1's clocksource is kvm-clock, so KVM has no master clock)
 //!

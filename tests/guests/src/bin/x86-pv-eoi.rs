@@ -1,5 +1,8 @@
 //! rustkvm-test: arch=x86_64 cpu=max compare=off needs=pv-eoi
 //! rustkvm-expect: tcg=skip
+//! rustkvm-test: kvm-vary=alone-ended-in-memory,back-to-back-each-ended-once,two-one-eoi-each-way,nested-one-eoi-each-way
+//!   (how many EOIs KVM ends in memory depends on the host's exits: it
+//!   takes the hint back at any exit)
 //!   (no KVM signature under stock TCG)
 //! rustkvm-kvm-probe: self-ipi a self-IPI requested with interrupts off stays in the IRR through the sti windows on this host's KVM (measured: IRR set, no handler run, with PV EOI on or off)
 //!
