@@ -347,6 +347,18 @@ fn script(modules: &[String], jobs: &[(&Job, Vec<String>, Duration)]) -> String 
     s
 }
 
+/// The L1's uptime (seconds) when its `/dev/kvm` was there, from the
+/// script's `output`.
+fn kvm_ready_at(output: &str) -> Option<f64> {
+    output.lines().find_map(|l| {
+        l.trim_end()
+            .strip_prefix("===NESTED-L1 kvm ready at ")?
+            .strip_suffix("===")?
+            .parse()
+            .ok()
+    })
+}
+
 /// One guest's part of the L1 console.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobOutput {
@@ -620,6 +632,18 @@ fn run_in(
     let l1 = linux::run_images(config, budget, Some(&images));
     let output = boot::command_result(&l1.console).map(|(out, _)| out);
     let outputs = output.as_deref().map(parse).unwrap_or_default();
+    eprintln!(
+        "rustkvm nested: the {arch} L1 ran {} of {} jobs in {:.1} s; /dev/kvm {}",
+        outputs.len(),
+        jobs.len(),
+        l1.elapsed.as_secs_f64(),
+        output
+            .as_deref()
+            .and_then(kvm_ready_at)
+            .map_or("never came".to_string(), |t| format!(
+                "at {t:.2} s of its uptime"
+            ))
+    );
     let l1_tail = || {
         let tail: Vec<&str> = l1.console.lines().rev().take(15).collect();
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
@@ -658,11 +682,17 @@ fn run_in(
                         o.serial.clone(),
                         &o.stderr,
                         o.elapsed,
-                        o.timed_out.then(|| {
+                        Some(if o.timed_out {
                             format!(
                                 "timed out in L1 after {} s\n{}",
                                 o.elapsed.as_secs(),
                                 watchdog_report(&o.stderr)
+                            )
+                        } else {
+                            format!(
+                                "its QEMU in L1 exited with status {} after {:.1} s",
+                                o.rc,
+                                o.elapsed.as_secs_f64()
                             )
                         }),
                     ),
@@ -769,6 +799,11 @@ mod tests {
             (137, true, "")
         );
         assert!(!jobs[0].timed_out);
+        assert_eq!(
+            kvm_ready_at("x\n===NESTED-L1 kvm ready at 6.53===\r\n"),
+            Some(6.53)
+        );
+        assert_eq!(kvm_ready_at("===NESTED-L1 no /dev/kvm===\n"), None);
     }
 
     #[test]
