@@ -512,9 +512,11 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
             ending,
         }
     };
+    // A boot that never started: nothing printed, nothing measured.
+    let unstarted = |outcome: Outcome| done(outcome, String::new(), String::new(), None, None);
     if config.backend == Backend::Kvm {
         if let Some(why) = host::kvm_unavailable(config.arch) {
-            return done(Outcome::Skip(why), String::new(), String::new(), None, None);
+            return unstarted(Outcome::Skip(why));
         }
     }
     let images = match from {
@@ -527,28 +529,12 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
                 hypervisor: false,
                 append: String::new(),
             },
-            Err(e) => {
-                return done(
-                    Outcome::Error(e.to_string()),
-                    String::new(),
-                    String::new(),
-                    None,
-                    None,
-                )
-            }
+            Err(e) => return unstarted(Outcome::Error(e.to_string())),
         },
     };
     let exe = match qemu::emulator(config.arch) {
         Ok(p) => p,
-        Err(e) => {
-            return done(
-                Outcome::Error(e.to_string()),
-                String::new(),
-                String::new(),
-                None,
-                None,
-            )
-        }
+        Err(e) => return unstarted(Outcome::Error(e.to_string())),
     };
     let mut command = match config.pin_cpu {
         Some(cpu) => {
@@ -566,15 +552,7 @@ pub fn run_images(config: Config, timeout: Duration, from: Option<&Images>) -> L
         .spawn()
     {
         Ok(c) => c,
-        Err(e) => {
-            return done(
-                Outcome::Error(format!("starting {}: {e}", exe.display())),
-                String::new(),
-                String::new(),
-                None,
-                None,
-            )
-        }
+        Err(e) => return unstarted(Outcome::Error(format!("starting {}: {e}", exe.display()))),
     };
     let out = Capture::spawn(child.stdout.take());
     let err = Capture::spawn(child.stderr.take());
