@@ -6,8 +6,9 @@
 # (docs/series-plan.md §3.6).
 #
 # Stock is the orig tarball with Debian's fixes and the series' standalone
-# fixes (meant for upstream, not gated): the parent of the first `rustkvm:`
-# commit. Both builds use -g0 and a forced include, a system header, that
+# fixes (meant for upstream, not gated: the commits whose subject does not
+# name rustkvm), i.e. the parent of the first `rustkvm:` commit with the
+# later standalone fixes cherry-picked onto it in order. Both builds use -g0 and a forced include, a system header, that
 # defines __LINE__ as 0: a line the series inserts shifts __LINE__ in every
 # later assert of its file. (-D__LINE__=0 warned "redefined" whatever -W
 # said, and configure's probes then took PIE for unsupported and linked a
@@ -65,13 +66,25 @@ if [ "$(cat "$top/repo.key" 2>/dev/null)" != "$key" ]; then
     echo "$key" >"$top/repo.key"
 fi
 
-# Stock is upstream with the fixes meant for it (0001-0003 today).
+# Stock is upstream with the fixes meant for it (0001-0003 and 0056
+# today): the parent of the first rustkvm: commit, then every later commit
+# whose subject does not name rustkvm, cherry-picked in order (a fix found
+# after the series was written comes at its end, not renumbering it).
 # (awk reads to the end: an early exit would end git with SIGPIPE, which
 # pipefail makes the script's exit status once the log passes a pipe's
 # first write, as 47 patches' subjects did.)
-stock=$(git -C "$repo" log --reverse --format='%H %s' base..series | awk '$2 == "rustkvm:" && !c { c = $1 } END { print c }')
-[ -n "$stock" ] || die "no rustkvm: commit in the series"
-stock=$(git -C "$repo" rev-parse "$stock^")
+first=$(git -C "$repo" log --reverse --format='%H %s' base..series | awk '$2 == "rustkvm:" && !c { c = $1 } END { print c }')
+[ -n "$first" ] || die "no rustkvm: commit in the series"
+mapfile -t later < <(git -C "$repo" log --reverse --format='%H %s' "$first^..series" | awk 'tolower($0) !~ /rustkvm/ { print $1 }')
+if [ "${#later[@]}" -eq 0 ]; then
+    stock=$(git -C "$repo" rev-parse "$first^")
+else
+    git -C "$repo" checkout -q -f -B stock "$first^"
+    git -C "$repo" -c user.name=check-off-is-stock -c user.email=check@localhost \
+        cherry-pick "${later[@]}" >/dev/null \
+        || die "a later standalone fix (${later[*]}) does not apply to stock without the rustkvm patches"
+    stock=$(git -C "$repo" rev-parse stock)
+fi
 for side in stock series; do
     if [ "$side" = stock ]; then rev=$stock; else rev=series; fi
     build="$top/build-$side"

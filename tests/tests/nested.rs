@@ -15,10 +15,6 @@ use rustkvm_tests::{
 use serde_json::Value;
 use std::time::Duration;
 
-/// Whether the x86 L1 also boots Linux: not while the TCG SVM bug of
-/// docs/nested.md (x86-pam-flip) stands.
-const X86_LINUX: bool = false;
-
 /// A subset within the test command's budget (about 15 s): the PV
 /// interface, kvmclock, steal time and the preempted hint, the TSC-deadline
 /// timer, PV TLB flush, PV EOI (KVM's bit a hint it takes back at any
@@ -70,11 +66,7 @@ const ARM64_SUBSET: &[&str] = &[
 /// Run `subset` (default variant) and one Linux boot (two vCPUs) in one L1
 /// of `arch`; fail on any guest that failed its declaration; how many
 /// guests passed, their results and the Linux run.
-fn run_subset(
-    arch: Arch,
-    subset: &[&str],
-    with_linux: bool,
-) -> (usize, Vec<RunResult>, Option<linux::LinuxRun>) {
+fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::LinuxRun) {
     // One L1 at a time: each takes both of a 2-core machine's cores.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -91,12 +83,11 @@ fn run_subset(
         .collect();
     // The same L1 then boots Linux with the probe on its KVM (two vCPUs).
     let boot = [linux::Config::new(arch, Backend::Kvm, 2)];
-    let boot: &[linux::Config] = if with_linux { &boot } else { &[] };
     let mut l1 =
-        nested::run_l1(&cells, boot, arch, Duration::from_secs(120)).expect("the nested run");
+        nested::run_l1(&cells, &boot, arch, Duration::from_secs(120)).expect("the nested run");
     let results = l1.guests;
     assert_eq!(results.len(), subset.len());
-    assert_eq!(l1.linux.len(), boot.len());
+    assert_eq!(l1.linux.len(), 1);
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| match &r.outcome.status {
@@ -113,13 +104,13 @@ fn run_subset(
         .iter()
         .filter(|r| r.outcome.status == Status::Pass)
         .count();
-    (passed, results, l1.linux.pop())
+    (passed, results, l1.linux.remove(0))
 }
 
 /// The differential check (docs/nested.md): each of `nested` (real KVM's
 /// results) and the `linux` boot beside the same on rustkvm at this level,
 /// field by field; fails on any difference not declared.
-fn same_as_rustkvm(nested: &[RunResult], linux: Option<&linux::LinuxRun>) {
+fn same_as_rustkvm(nested: &[RunResult], linux: &linux::LinuxRun) {
     let tests = guest::discover().expect("guests");
     let mut findings = Vec::new();
     for k in nested {
@@ -130,29 +121,22 @@ fn same_as_rustkvm(nested: &[RunResult], linux: Option<&linux::LinuxRun>) {
             findings.push(differential::table(&format!("{}/{}", k.test, k.arch), &c));
         }
     }
-    if let Some(linux) = linux {
-        let r = linux::run(
-            linux::Config::new(linux.config.arch, Backend::Rustkvm, linux.config.smp),
-            linux::DEFAULT_TIMEOUT,
-        );
-        let c = differential::linux_boot(&r, linux);
-        if c.findings() > 0 {
-            findings.push(differential::table("linux", &c));
-        }
+    let r = linux::run(
+        linux::Config::new(linux.config.arch, Backend::Rustkvm, linux.config.smp),
+        linux::DEFAULT_TIMEOUT,
+    );
+    let c = differential::linux_boot(&r, linux);
+    if c.findings() > 0 {
+        findings.push(differential::table("linux", &c));
     }
     assert!(findings.is_empty(), "{}", findings.join("\n"));
 }
 
 #[test]
 fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
-    // No nested Linux boot here until TCG's SVM keeps HF2_NPT_MASK clear
-    // across a #VMEXIT: 1 boot in about 5 ends in an L2 triple fault
-    // (docs/nested.md, x86-pam-flip). scripts/test-nested.sh boots it.
-    let (passed, results, linux) = run_subset(Arch::X86_64, SUBSET, X86_LINUX);
-    if let Some(linux) = &linux {
-        linux_on_real_kvm(linux);
-    }
-    same_as_rustkvm(&results, linux.as_ref());
+    let (passed, results, linux) = run_subset(Arch::X86_64, SUBSET);
+    linux_on_real_kvm(&linux);
+    same_as_rustkvm(&results, &linux);
     assert_eq!(
         passed,
         SUBSET.len() - 1,
@@ -162,15 +146,14 @@ fn x86_guests_meet_their_declarations_on_real_kvm_nested_in_rustkvm() {
 
 #[test]
 fn arm64_guests_meet_their_declarations_on_real_kvm_arm64_nested_in_rustkvm() {
-    let (passed, results, linux) = run_subset(Arch::Aarch64, ARM64_SUBSET, true);
-    let linux = linux.expect("the arm64 Linux boot");
+    let (passed, results, linux) = run_subset(Arch::Aarch64, ARM64_SUBSET);
     assert_eq!(
         passed,
         ARM64_SUBSET.len() - 2,
         "only arm-pmu-el2 and arm-counter-el2 SKIP here (L1's KVM gives guests no EL2)"
     );
     arm64_linux_on_real_kvm(&linux);
-    same_as_rustkvm(&results, Some(&linux));
+    same_as_rustkvm(&results, &linux);
 }
 
 /// A nested Linux run's label and probe report (panics if it has none).

@@ -189,18 +189,10 @@ fn real_main() -> Result<ExitCode, HarnessError> {
     // rustkvm must answer as tcg does line for line (outside what each test
     // marks as differing); kvm is real hardware with its own CPU model.
     for r in results.iter().filter(|r| r.backend == Backend::Rustkvm) {
-        let Some(reference) = results.iter().find(|t| {
-            t.backend == Backend::Tcg
-                && t.test == r.test
-                && t.arch == r.arch
-                && t.variant == r.variant
-        }) else {
+        let Some(reference) = counterpart(&results, r, Backend::Tcg) else {
             continue;
         };
-        let test = tests
-            .iter()
-            .find(|t| t.name == r.test)
-            .expect("result of a discovered test");
+        let test = test_of(&tests, r);
         if !test.compare {
             continue;
         }
@@ -215,17 +207,10 @@ fn real_main() -> Result<ExitCode, HarnessError> {
             if nested { " (nested)" } else { "" }
         );
         for r in results.iter().filter(|r| r.backend == Backend::Kvm) {
-            let Some(reference) = results
-                .iter()
-                .find(|t| t.backend == Backend::Rustkvm && t.test == r.test && t.arch == r.arch)
-            else {
+            let Some(reference) = counterpart(&results, r, Backend::Rustkvm) else {
                 continue;
             };
-            let test = tests
-                .iter()
-                .find(|t| t.name == r.test)
-                .expect("result of a discovered test");
-            let c = differential::guest(test, reference, r, nested);
+            let c = differential::guest(test_of(&tests, r), reference, r, nested);
             differ += c.findings();
             print!(
                 "{}",
@@ -240,6 +225,25 @@ fn real_main() -> Result<ExitCode, HarnessError> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The result of `r`'s guest, architecture and variant on `backend`.
+fn counterpart<'a>(
+    results: &'a [RunResult],
+    r: &RunResult,
+    backend: Backend,
+) -> Option<&'a RunResult> {
+    results.iter().find(|t| {
+        t.backend == backend && t.test == r.test && t.arch == r.arch && t.variant == r.variant
+    })
+}
+
+/// The discovered test a result is of.
+fn test_of<'a>(tests: &'a [guest::GuestTest], r: &RunResult) -> &'a guest::GuestTest {
+    tests
+        .iter()
+        .find(|t| t.name == r.test)
+        .expect("result of a discovered test")
 }
 
 /// What the guests measured in the default variant (under rustkvm, or
