@@ -468,11 +468,14 @@ typedef struct RustkvmCounting {
 } RustkvmCounting;
 
 /* rustkvm_x86_vcpu_setup() `pmu` values. */
-/** No PMU (-cpu ...,pmu=off, the default). */
+/** No PMU (pmu=off, the default, on a vCPU not of AMD vendor). */
 #define RUSTKVM_PMU_NONE 0u
 /** Intel architectural PMU version 2 (-cpu <Intel vendor>,pmu=on). */
 #define RUSTKVM_PMU_INTEL 1u
-/** AMD PMU (-cpu <AMD vendor>,pmu=on): the legacy K7 counters ... */
+/**
+ * AMD PMU (-cpu <AMD vendor>, whatever pmu= says, as KVM's amd_pmu_refresh()
+ * gives it): the legacy K7 counters ...
+ */
 #define RUSTKVM_PMU_AMD 2u
 /**
  * Or'ed to RUSTKVM_PMU_INTEL: the vCPU has PDCM (CPUID.1:ECX[15]), so
@@ -903,7 +906,7 @@ typedef struct RustkvmVcpuInfo {
 typedef struct RustkvmX86PmuCpuid {
     /** AMD or Hygon vendor. */
     bool amd;
-    /** -cpu ...,pmu=on. */
+    /** KVM has a vPMU for it: its enable_pmu, and pmu=on or an AMD vendor. */
     bool pmu;
     /** CPUID 0xA EAX. */
     uint32_t leaf_a_eax;
@@ -951,5 +954,15 @@ uint64_t rustkvm_arm_pvtime_ipa(RustkvmVcpu *vcpu);
  */
 void rustkvm_arm_info(RustkvmVcpu *vcpu, const uint64_t *timers,
                       const uint8_t *pvtime, RustkvmVcpuInfo *out);
+/**
+ * An arm64 vCPU's report under backend=kvm, from what QEMU synchronized
+ * from KVM: @pmu the PMU registers in RUSTKVM_ARM_PMU_REGS order (NULL: no
+ * PMU), @pmuver ID_AA64DFR0_EL1.PMUVer, @pvtime_ipa the PV time structure's
+ * IPA KVM holds (0: none) and @pvtime its 64 bytes (NULL if unread),
+ * @timers as for rustkvm_arm_info().
+ */
+void rustkvm_arm_info_kvm(const uint64_t *pmu, uint32_t pmuver,
+                          uint64_t pvtime_ipa, const uint8_t *pvtime,
+                          const uint64_t *timers, RustkvmVcpuInfo *out);
 
 #endif /* RUSTKVM_H */

@@ -1036,6 +1036,18 @@ pub unsafe extern "C" fn rustkvm_arm_pvtime_ipa(vcpu: *mut RustkvmVcpu) -> u64 {
     unsafe { arm_ref(vcpu) }.map_or(0, |v| v.pvtime_ipa())
 }
 
+/// The C ABI's `timers[4]` (CNTV_CTL, CNTV_CVAL, CNTP_CTL, CNTP_CVAL; NULL:
+/// all 0).
+fn arm_timers(t: Option<&[u64; 4]>) -> info::ArmTimers {
+    let [cntv_ctl, cntv_cval, cntp_ctl, cntp_cval] = t.copied().unwrap_or_default();
+    info::ArmTimers {
+        cntv_ctl,
+        cntv_cval,
+        cntp_ctl,
+        cntp_cval,
+    }
+}
+
 /// An arm64 vCPU's `x-query-rustkvm` report.
 ///
 /// # Safety
@@ -1060,14 +1072,46 @@ pub unsafe extern "C" fn rustkvm_arm_info(
     let (Some(v), Some(out)) = (v, out) else {
         return;
     };
-    let [cntv_ctl, cntv_cval, cntp_ctl, cntp_cval] = t.copied().unwrap_or_default();
-    let timers = info::ArmTimers {
-        cntv_ctl,
-        cntv_cval,
-        cntp_ctl,
-        cntp_cval,
-    };
+    let timers = arm_timers(t);
     fill_info(&v.info(p, timers), out);
+}
+
+/// An arm64 vCPU's `x-query-rustkvm` report under `backend=kvm`, from what
+/// QEMU synchronized from KVM: the PMU registers in
+/// `RUSTKVM_ARM_PMU_REGS` order, ID_AA64DFR0_EL1.PMUVer, the PV time
+/// structure's IPA KVM holds (0: none) and its 64 bytes, the timers.
+///
+/// # Safety
+/// `pmu` is NULL (no PMU) or `RUSTKVM_ARM_PMU_REGS` readable values;
+/// `timers` is NULL or 4 readable values; `pvtime` is NULL or 64 readable
+/// bytes; `out` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rustkvm_arm_info_kvm(
+    pmu: *const u64,
+    pmuver: u32,
+    pvtime_ipa: u64,
+    pvtime: *const u8,
+    timers: *const u64,
+    out: *mut header::RustkvmVcpuInfo,
+) {
+    // SAFETY: forwarded caller contract for each pointer.
+    let (regs, t, p, out) = unsafe {
+        (
+            pmu.cast::<[u64; crate::arm::pmu::SAVED_REGS]>().as_ref(),
+            timers.cast::<[u64; 4]>().as_ref(),
+            pvtime.cast::<[u8; 64]>().as_ref(),
+            out.as_mut(),
+        )
+    };
+    let Some(out) = out else {
+        return;
+    };
+    let timers = arm_timers(t);
+    let pmu = regs.and_then(|r| info::ArmPmu::from_kvm(pmuver, r));
+    fill_info(
+        &info::arm(pmu, (pvtime_ipa != 0, pvtime_ipa, p), timers),
+        out,
+    );
 }
 
 /// x86 vCPU setup after reset.

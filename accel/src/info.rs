@@ -80,7 +80,7 @@ pub struct VcpuInfo {
     pub pvclock: Option<Pvclock>,
     /// PMU version: x86 KVM's `pmu->version` (0: none; Intel 2; AMD 1, 2
     /// with PerfMonV2); arm64 ID_AA64DFR0_EL1.PMUVer (0: none, 1 PMUv3, 6
-    /// PMUv3p5).
+    /// PMUv3p5; under backend=kvm what KVM gives the guest).
     pub pmu_version: u32,
     /// x86 PMU v2: (GLOBAL_CTRL, GLOBAL_STATUS).
     pub pmu_global: Option<(u64, u64)>,
@@ -109,7 +109,8 @@ pub struct X86PmuShape {
 pub struct X86PmuCpuid {
     /// The vendor is AMD (or Hygon).
     pub amd: bool,
-    /// `-cpu ...,pmu=on`.
+    /// KVM has a vPMU for it: its `enable_pmu`, and `pmu=on` or an AMD
+    /// vendor (`amd_pmu_refresh` looks at no `pmu=`).
     pub pmu: bool,
     /// CPUID 0xA EAX and EDX.
     pub leaf_a: [u32; 2],
@@ -288,10 +289,31 @@ pub fn x86(msrs: &SavedMsrs, pmu: X86PmuShape, steal: Option<&[u8; 64]>) -> Vcpu
 pub struct ArmPmu<'a> {
     /// Event counters (PMCR_EL0.N).
     pub counters: usize,
-    /// PMUv3p5.
-    pub v3p5: bool,
+    /// ID_AA64DFR0_EL1.PMUVer (1: PMUv3, 4: v3p1 ... 6: v3p5, 7: v3p7).
+    pub version: u32,
     /// The saved registers.
     pub regs: &'a [u64; SAVED_REGS],
+}
+
+/// ID_AA64DFR0_EL1.PMUVer for PMUv3 (Arm ARM D23.2.60).
+pub const ARM_PMUVER_V3: u32 = 1;
+/// ID_AA64DFR0_EL1.PMUVer for PMUv3p5.
+pub const ARM_PMUVER_V3P5: u32 = 6;
+/// ID_AA64DFR0_EL1.PMUVer: IMPLEMENTATION DEFINED PMU, not PMUv3.
+pub const ARM_PMUVER_IMPDEF: u32 = 0xf;
+
+impl<'a> ArmPmu<'a> {
+    /// The PMU of a vCPU whose registers QEMU synchronized from KVM
+    /// (`backend=kvm`), laid out as [`crate::arm::pmu::Pmu::save_regs`]
+    /// does: PMCR_EL0.N event counters, `pmuver` its ID_AA64DFR0_EL1
+    /// field; None when that field says there is no PMUv3.
+    pub fn from_kvm(pmuver: u32, regs: &'a [u64; SAVED_REGS]) -> Option<ArmPmu<'a>> {
+        (pmuver != 0 && pmuver != ARM_PMUVER_IMPDEF).then(|| ArmPmu {
+            counters: ((regs[0] >> crate::arm::pmu::pmcr::N_SHIFT) & 0x1f) as usize,
+            version: pmuver,
+            regs,
+        })
+    }
 }
 
 /// The arm64 generic timers' registers (QEMU's, under both backends).
@@ -328,7 +350,7 @@ pub fn arm(
     let mut counters = Vec::new();
     let mut pmu_version = 0;
     if let Some(p) = pmu {
-        pmu_version = if p.v3p5 { 6 } else { 1 };
+        pmu_version = p.version;
         let (pmcr, cnten) = (p.regs[0], p.regs[1]);
         let counting = |i: usize| pmcr & PMCR_E != 0 && cnten & (1u64 << i) != 0;
         for i in (0..p.counters.min(ARM_CYCLE_IDX)).chain([ARM_CYCLE_IDX]) {
@@ -559,7 +581,7 @@ mod tests {
         let i = arm(
             Some(ArmPmu {
                 counters: 6,
-                v3p5: true,
+                version: ARM_PMUVER_V3P5,
                 regs: &regs,
             }),
             (true, 0x90a_0040, Some(&b)),
@@ -595,7 +617,7 @@ mod tests {
         let i = arm(
             Some(ArmPmu {
                 counters: 6,
-                v3p5: false,
+                version: ARM_PMUVER_V3,
                 regs: &regs,
             }),
             (false, 0x90a_0040, Some(&b)),
@@ -607,5 +629,17 @@ mod tests {
             arm(None, (false, 0, None), ArmTimers::default()).pmu_version,
             0
         );
+    }
+
+    #[test]
+    fn arm_pmu_from_kvm_takes_n_from_pmcr_and_the_version_as_kvm_gives_it() {
+        let mut regs = [0u64; SAVED_REGS];
+        regs[0] = (5 << crate::arm::pmu::pmcr::N_SHIFT) | PMCR_E;
+        let p = ArmPmu::from_kvm(4, &regs).expect("PMUv3p1");
+        assert_eq!((p.counters, p.version), (5, 4));
+        let i = arm(Some(p), (false, 0, None), ArmTimers::default());
+        assert_eq!((i.pmu_version, i.counters.len()), (4, 6));
+        assert!(ArmPmu::from_kvm(0, &regs).is_none());
+        assert!(ArmPmu::from_kvm(ARM_PMUVER_IMPDEF, &regs).is_none());
     }
 }

@@ -839,7 +839,7 @@ const _: () = {
 pub struct RustkvmX86PmuCpuid {
     #[doc = " AMD or Hygon vendor."]
     pub amd: bool,
-    #[doc = " -cpu ...,pmu=on."]
+    #[doc = " KVM has a vPMU for it: its enable_pmu, and pmu=on or an AMD vendor."]
     pub pmu: bool,
     #[doc = " CPUID 0xA EAX."]
     pub leaf_a_eax: u32,
@@ -904,6 +904,17 @@ unsafe extern "C" {
         vcpu: *mut RustkvmVcpu,
         timers: *const u64,
         pvtime: *const u8,
+        out: *mut RustkvmVcpuInfo,
+    );
+}
+unsafe extern "C" {
+    #[doc = " An arm64 vCPU's report under backend=kvm, from what QEMU synchronized\n from KVM: @pmu the PMU registers in RUSTKVM_ARM_PMU_REGS order (NULL: no\n PMU), @pmuver ID_AA64DFR0_EL1.PMUVer, @pvtime_ipa the PV time structure's\n IPA KVM holds (0: none) and @pvtime its 64 bytes (NULL if unread),\n @timers as for rustkvm_arm_info()."]
+    pub fn rustkvm_arm_info_kvm(
+        pmu: *const u64,
+        pmuver: u32,
+        pvtime_ipa: u64,
+        pvtime: *const u8,
+        timers: *const u64,
         out: *mut RustkvmVcpuInfo,
     );
 }

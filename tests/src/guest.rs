@@ -24,6 +24,9 @@
 //!   design (it checks a rustkvm feature and SKIPs where it is absent);
 //! - `matrix`: `off` for a guest only a dedicated host test boots (e.g. one
 //!   that is migrated half-way);
+//! - `host-query`: `on` for a guest that prints `ready` and waits for a
+//!   byte on its console: a nested run queries `x-query-rustkvm` then and
+//!   releases it (`crate::nested`, `crate::introspect`);
 //! - `needs`: host features the `kvm` backend must have, comma-separated:
 //!   `pmu` (a vPMU), `pv-eoi` (a KVM that arms PV EOI: no APICv/AVIC),
 //!   `lbr` (a host LBR that KVM passes on: legacy, not Arch LBR), `pebs`
@@ -187,6 +190,8 @@ pub struct GuestTest {
     pub compare: bool,
     /// Whether the runner's matrix boots it.
     pub matrix: bool,
+    /// Whether it waits at `ready` for the host to query it (`host-query`).
+    pub host_query: bool,
     /// Host features the `kvm` backend needs (`pmu`, `pv-eoi`, `lbr`, `pebs`).
     pub needs: Vec<String>,
     /// The host probe (guest `kvm-probe-NAME`) the `kvm` backend must pass
@@ -218,6 +223,7 @@ impl GuestTest {
             machine: None,
             compare: true,
             matrix: true,
+            host_query: false,
             needs: Vec::new(),
             kvm_probe: None,
             expect: Vec::new(),
@@ -308,16 +314,16 @@ impl GuestTest {
                             test.needs.push(n.to_string());
                         }
                     }
-                    "compare" | "matrix" => {
+                    "compare" | "matrix" | "host-query" => {
                         let on = match value {
                             "on" => true,
                             "off" => false,
                             _ => return Err(bad(format!("{key}={value} is not on/off"))),
                         };
-                        if key == "compare" {
-                            test.compare = on;
-                        } else {
-                            test.matrix = on;
+                        match key {
+                            "compare" => test.compare = on,
+                            "matrix" => test.matrix = on,
+                            _ => test.host_query = on,
                         }
                     }
                     other => return Err(bad(format!("unknown key '{other}'"))),

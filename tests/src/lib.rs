@@ -16,6 +16,7 @@ pub mod differential;
 pub mod guard;
 pub mod guest;
 pub mod host;
+pub mod introspect;
 pub mod junit;
 pub mod linux;
 pub mod migrate;

@@ -263,6 +263,12 @@ const L1_LINUX_KERNEL: &str = "/root/nested/linux/vmlinuz";
 const L1_LINUX_INITRD: &str = "/root/nested/linux/initramfs.cpio.gz";
 
 impl Job<'_> {
+    /// Whether the script queries `x-query-rustkvm` at the guest's `ready`
+    /// and then releases it with a byte on its console (`host-query=on`).
+    fn host_query(&self) -> bool {
+        matches!(self.work, Work::Guest(t, _) if t.host_query)
+    }
+
     /// Its QEMU arguments inside the L1, and its time limit.
     fn command(&self, arch: Arch, linux_timeout: Duration) -> (Vec<String>, Duration) {
         match self.work {
@@ -330,19 +336,27 @@ fn script(modules: &[String], jobs: &[(&Job, Vec<String>, Duration)]) -> String 
     // number, so the status alone cannot tell; a guest that exits as the
     // watchdog fires is timed out only if SIGKILL ended it).
     s += &format!(
-        "job() {{ label=$1; t=$2; shift 2; start=$(up); rm -f /tmp/timedout /tmp/diag; \
+        "job() {{ label=$1; t=$2; q=$3; shift 3; start=$(up); rm -f /tmp/timedout /tmp/diag /tmp/qmp; \
          rm -f /tmp/mon.in /tmp/mon.out; mkfifo /tmp/mon.in /tmp/mon.out; \
-         {L1_ROOT}/qemu -L {L1_ROOT}/fw -monitor pipe:/tmp/mon \"$@\" </dev/null >/tmp/out 2>/tmp/err & pid=$!; \
+         if [ $q = 1 ]; then rm -f /tmp/in /tmp/qmp.in /tmp/qmp.out; mkfifo /tmp/in /tmp/qmp.in /tmp/qmp.out; exec 7<>/tmp/in; \
+         {L1_ROOT}/qemu -L {L1_ROOT}/fw -monitor pipe:/tmp/mon -qmp pipe:/tmp/qmp \"$@\" <&7 >/tmp/out 2>/tmp/err & pid=$!; \
+         else {L1_ROOT}/qemu -L {L1_ROOT}/fw -monitor pipe:/tmp/mon \"$@\" </dev/null >/tmp/out 2>/tmp/err & pid=$!; fi; \
          ( sleep \"$t\"; : > /tmp/timedout; diag $pid >/tmp/diag 2>&1; kill -KILL $pid 2>/dev/null ) & w=$!; \
-         wait $pid; rc=$?; kill $w 2>/dev/null; to=0; \
+         if [ $q = 1 ]; then n=0; while kill -0 $pid 2>/dev/null && ! grep -q '^ready' /tmp/out && [ $n -lt $t ]; do sleep 1; n=$((n+1)); done; \
+         if grep -q '^ready' /tmp/out; then \
+         printf '%s\\n' '{{\"execute\":\"qmp_capabilities\"}}' '{{\"execute\":\"x-query-rustkvm\"}}' > /tmp/qmp.in; \
+         timeout 3 cat /tmp/qmp.out > /tmp/qmp; printf x >&7; fi; fi; \
+         wait $pid; rc=$?; kill $w 2>/dev/null; [ $q = 1 ] && exec 7>&-; to=0; \
          [ -e /tmp/timedout ] && [ $rc -eq 137 ] && to=1; \
          echo \"===NESTED-BEGIN $label rc=$rc timedout=$to start=$start end=$(up)===\"; cat /tmp/out; \
+         echo \"===NESTED-QMP===\"; cat /tmp/qmp 2>/dev/null; \
          echo \"===NESTED-STDERR===\"; cat /tmp/err; [ $to = 1 ] && cat /tmp/diag; echo \"===NESTED-END===\"; }}\n"
     );
     for (j, args, time) in jobs {
         let secs = time.as_secs().max(1);
         let argv: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
-        s += &format!("job {} {secs} {}\n", sh_quote(&j.label), argv.join(" "));
+        let q = u8::from(j.host_query());
+        s += &format!("job {} {secs} {q} {}\n", sh_quote(&j.label), argv.join(" "));
     }
     s
 }
@@ -372,6 +386,9 @@ pub struct JobOutput {
     pub elapsed: Duration,
     /// Its serial console (QEMU's stdout).
     pub serial: String,
+    /// What its QMP monitor answered the host's query, one JSON object a
+    /// line (empty: not queried).
+    pub qmp: String,
     /// QEMU's stderr.
     pub stderr: String,
 }
@@ -407,14 +424,20 @@ pub fn parse(output: &str) -> Vec<JobOutput> {
         ) else {
             continue;
         };
-        let (mut serial, mut stderr, mut in_err) = (String::new(), String::new(), false);
+        let (mut serial, mut qmp, mut stderr) = (String::new(), String::new(), String::new());
+        let mut part = 0;
         for l in lines.by_ref() {
             let t = l.trim_end_matches('\r');
             match t {
-                "===NESTED-STDERR===" => in_err = true,
+                "===NESTED-QMP===" => part = 1,
+                "===NESTED-STDERR===" => part = 2,
                 "===NESTED-END===" => break,
                 _ => {
-                    let buf = if in_err { &mut stderr } else { &mut serial };
+                    let buf = match part {
+                        0 => &mut serial,
+                        1 => &mut qmp,
+                        _ => &mut stderr,
+                    };
                     buf.push_str(t);
                     buf.push('\n');
                 }
@@ -426,10 +449,24 @@ pub fn parse(output: &str) -> Vec<JobOutput> {
             timed_out: to != 0.0,
             elapsed: Duration::from_secs_f64((end - start).max(0.0)),
             serial,
+            qmp,
             stderr,
         });
     }
     jobs
+}
+
+/// `x-query-rustkvm`'s return value among a job's QMP replies, or what it
+/// answered instead.
+pub fn query_return(qmp: &str) -> Result<serde_json::Value, String> {
+    qmp.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| {
+            v.get("return")
+                .filter(|r| r.get("vcpus").is_some())
+                .cloned()
+        })
+        .ok_or_else(|| format!("no x-query-rustkvm answer; QMP said:\n{qmp}"))
 }
 
 /// What the L1's watchdog saw of a timed-out job (its part of the job's
@@ -467,6 +504,9 @@ pub struct L1Results {
     pub guests: Vec<RunResult>,
     /// The Linux boots', in order (their configurations marked nested).
     pub linux: Vec<LinuxRun>,
+    /// Each `host-query=on` guest's `x-query-rustkvm` answer (guest
+    /// name, the return value or why there is none), in order.
+    pub queries: Vec<(String, Result<serde_json::Value, String>)>,
 }
 
 /// [`run_nested`], and Linux boots of `linux` (kvm configurations) with
@@ -670,6 +710,7 @@ fn run_in(
     let mut results = L1Results {
         guests: Vec::new(),
         linux: Vec::new(),
+        queries: Vec::new(),
     };
     for j in &jobs {
         let out = outputs.iter().find(|o| o.label == j.label);
@@ -709,6 +750,10 @@ fn run_in(
                 continue;
             }
         };
+        if j.host_query() {
+            let answer = out.map_or_else(|| Err(never_ran()), |o| query_return(&o.qmp));
+            results.queries.push((test.name.clone(), answer));
+        }
         let outcome = match out {
             Some(o) if o.timed_out => {
                 let mut out = Outcome::skipped(String::new());
@@ -782,7 +827,8 @@ mod tests {
     #[test]
     fn job_outputs_are_read_between_their_markers() {
         let out = "noise\n===NESTED-BEGIN hello/default rc=1 timedout=0 start=6.80 end=8.39===\r\n\
-                   # hello\nsummary checks=1 passed=1 failed=0 skipped=0\n===NESTED-STDERR===\n\
+                   # hello\nsummary checks=1 passed=1 failed=0 skipped=0\n===NESTED-QMP===\n{\"QMP\": {}}\n\
+                   {\"return\": {\"arch\": \"aarch64\", \"vcpus\": []}}\n===NESTED-STDERR===\n\
                    warn\n===NESTED-END===\n===NESTED-BEGIN smp/default rc=137 timedout=1 start=9 end=39===\n";
         let jobs = parse(out);
         assert_eq!(jobs.len(), 2);
@@ -793,6 +839,11 @@ mod tests {
             "# hello\nsummary checks=1 passed=1 failed=0 skipped=0\n"
         );
         assert_eq!(jobs[0].stderr, "warn\n");
+        assert_eq!(
+            query_return(&jobs[0].qmp),
+            Ok(serde_json::json!({"arch": "aarch64", "vcpus": []}))
+        );
+        assert!(query_return(&jobs[1].qmp).is_err());
         assert!((jobs[0].elapsed.as_secs_f64() - 1.59).abs() < 1e-6);
         assert_eq!(
             (jobs[1].rc, jobs[1].timed_out, jobs[1].serial.as_str()),

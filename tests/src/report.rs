@@ -308,6 +308,7 @@ mod tests {
             machine: None,
             compare: true,
             matrix: true,
+            host_query: false,
             needs: Vec::new(),
             kvm_probe: None,
             expect: Vec::new(),

@@ -63,9 +63,11 @@ const ARM64_SUBSET: &[&str] = &[
     "arm-counter-el2",
 ];
 
-/// Run `subset` (default variant) and one Linux boot (two vCPUs) in one L1
-/// of `arch`; fail on any guest that failed its declaration; how many
-/// guests passed, their results and the Linux run.
+/// Run `subset` (default variant), the `introspect` guest and one Linux
+/// boot (two vCPUs) in one L1 of `arch`; fail on any guest that failed its
+/// declaration and on an `x-query-rustkvm` answer of real KVM's backend
+/// that is not what `introspect` set; how many of `subset` passed, their
+/// results and the Linux run.
 fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::LinuxRun) {
     // One L1 at a time: each takes both of a 2-core machine's cores.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -73,6 +75,7 @@ fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::Lin
     let tests = guest::discover().expect("guests");
     let cells: Vec<(&guest::GuestTest, Variant)> = subset
         .iter()
+        .chain(&["introspect"])
         .map(|n| {
             let t = tests
                 .iter()
@@ -85,9 +88,12 @@ fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::Lin
     let boot = [linux::Config::new(arch, Backend::Kvm, 2)];
     let mut l1 =
         nested::run_l1(&cells, &boot, arch, Duration::from_secs(120)).expect("the nested run");
-    let results = l1.guests;
-    assert_eq!(results.len(), subset.len());
+    let mut results = l1.guests;
+    assert_eq!(results.len(), subset.len() + 1);
     assert_eq!(l1.linux.len(), 1);
+    let at = results.iter().position(|r| r.test == "introspect");
+    let introspect = results.remove(at.expect("introspect's result"));
+    introspection_on_real_kvm(arch, &introspect, &l1.queries);
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| match &r.outcome.status {
@@ -105,6 +111,35 @@ fn run_subset(arch: Arch, subset: &[&str]) -> (usize, Vec<RunResult>, linux::Lin
         .filter(|r| r.outcome.status == Status::Pass)
         .count();
     (passed, results, l1.linux.remove(0))
+}
+
+/// `x-query-rustkvm` under `backend=kvm` on Linux's own KVM (x86: KVM_GET_MSRS;
+/// arm64: the registers QEMU synchronizes and KVM's PV time IPA) says what
+/// the `introspect` guest set (`rustkvm_tests::introspect`), and the guest
+/// passed: it was released by the query's side.
+fn introspection_on_real_kvm(
+    arch: Arch,
+    r: &RunResult,
+    queries: &[(String, Result<Value, String>)],
+) {
+    let ctx = format!(
+        "introspect/{arch} nested: {:?}\n--- serial\n{}\n--- stderr\n{}",
+        r.outcome.status, r.outcome.serial, r.outcome.stderr
+    );
+    assert_eq!(r.outcome.status, Status::Pass, "{ctx}");
+    let q = match queries.iter().find(|(n, _)| n == "introspect") {
+        Some((_, Ok(q))) => q,
+        Some((_, Err(why))) => panic!("{why}\n{ctx}"),
+        None => panic!("introspect was not queried\n{ctx}"),
+    };
+    let measures = r.outcome.measures.iter().cloned().collect();
+    let bad = rustkvm_tests::introspect::check(arch, Backend::Kvm, q, &measures);
+    assert!(bad.is_empty(), "wrong: {bad:?}\n{q}\n{ctx}");
+    // Real KVM gives these guests a PMU (kvm_amd's over rustkvm's
+    // PerfMonV2 on x86 needs the model to offer one: measured, not assumed).
+    if arch == Arch::Aarch64 {
+        assert_eq!(r.outcome.measure("pmu"), "counting", "{ctx}");
+    }
 }
 
 /// The differential check (docs/nested.md): each of `nested` (real KVM's

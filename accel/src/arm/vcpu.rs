@@ -389,7 +389,11 @@ impl<'a> Arm<'a> {
         let config = self.local(|l| l.pmu.config());
         let pmu = config.counters.map(|n| crate::info::ArmPmu {
             counters: usize::from(n),
-            v3p5: config.v3p5,
+            version: if config.v3p5 {
+                crate::info::ARM_PMUVER_V3P5
+            } else {
+                crate::info::ARM_PMUVER_V3
+            },
             regs: &regs,
         });
         crate::info::arm(pmu, (ipa != 0, ipa, pvtime), timers)

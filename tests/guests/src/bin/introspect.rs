@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64,aarch64 compare=off matrix=off timeout=60
+//! rustkvm-test: arch=x86_64,aarch64 compare=off matrix=off timeout=60 host-query=on
 //!
 //! A guest for `x-query-rustkvm`: it turns on what the introspection reports
 //! — steal time (x86 MSR_KVM_STEAL_TIME / arm64 PV_TIME_ST), kvmclock (x86),
@@ -6,7 +6,9 @@
 //! timer armed far in the future (x86 TSC deadline / arm64 virtual timer) —
 //! prints what it set as `measure` lines and `ready`, then waits until the
 //! host sends a byte on the serial console (or 30 s of guest time pass). The
-//! host test (tests/tests/guests.rs) queries QMP meanwhile and compares.
+//! host test (tests/tests/guests.rs) and a nested run (`host-query=on`:
+//! tests/src/nested.rs) query QMP meanwhile and compare
+//! (tests/src/introspect.rs).
 //! Not part of the matrix.
 #![no_std]
 #![no_main]
@@ -135,6 +137,12 @@ fn main(t: &mut Test) {
     let what = if pmu { "counting" } else { "none" };
     retire_some_instructions();
     t.measure("pmu", format_args!("{what}"));
+    // ID_AA64DFR0_EL1.PMUVer, bits 11:8: what x-query-rustkvm's
+    // pmu.version must say.
+    t.measure(
+        "pmuver",
+        format_args!("{}", read_sysreg!("id_aa64dfr0_el1") >> 8 & 0xf),
+    );
     let cval = cntvct() + (1 << 50);
     write_sysreg!("cntv_cval_el0", cval);
     write_sysreg!("cntv_ctl_el0", CTL_ENABLE_MASKED);

@@ -1,4 +1,4 @@
-//! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield,rdmsr.tsc.nonzero,rdpmc.0
+//! rustkvm-test: arch=x86_64 vary=vmcall.sched-yield,rdmsr.tsc.nonzero,rdpmc.0 cpu=qemu64,vendor=GenuineIntel
 //! rustkvm-kvm-probe: hypercall hypercalls never complete on this host's KVM (measured: VMCALL and VMMCALL leave the vCPU on the instruction)
 //! rustkvm-expect-skip: kvm rdpmc-without-pmu-faults
 //!   (kvm: on an AMD host, KVM's legacy counters answer RDPMC)
@@ -11,6 +11,9 @@
 //! TCG and the guest TSC under rustkvm, and RDPMC without a PMU: TCG raises
 //! #UD, KVM (so rustkvm) #GP (the host test checks each side). PERFEVTSEL0
 //! reads 0 on both: KVM answers the legacy counter MSRs so without a PMU.
+//! An Intel-vendor model: "without a PMU" is `pmu=off` on an Intel host's
+//! KVM; on an AMD host's KVM every guest has the legacy counters (so
+//! rustkvm on an AMD model, patch 0058).
 #![no_std]
 #![no_main]
 
