@@ -115,7 +115,8 @@ mod amd {
             .then(|| arch::cpuid(0x8000_0022, 0)[1] & 0xf);
         let pmu = Pmu { ext, v2 };
         // The legacy select reads back what was written: a PMU is there
-        // (with pmu=off KVM reads these as 0 and ignores writes).
+        // (a KVM with enable_pmu off reads these as 0 and ignores writes;
+        // pmu=off alone does not: patch 0058).
         let _ = arch::wrmsr(K7_EVNTSEL0, 0x76);
         if arch::rdmsr(K7_EVNTSEL0) != Ok(0x76) {
             t.skip("x86-pmu-amd", "the K7 event selects read 0: no PMU");
