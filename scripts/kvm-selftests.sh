@@ -116,13 +116,12 @@ for t in "${tests[@]}"; do
     echo
     unset v
 done
+# The counts, from the verdicts the table computed (junit: TEST|ACCEL|VERDICT).
 for accel in "${accels[@]}"; do
+    of=$(printf '%s\n' "${junit[@]}" | awk -F'|' -v a="$accel" '$2 == a { print $3 }')
+    count() { grep -c "^$1" <<<"$of" || true; }
     printf '%s: %s passed, %s failed, %s skipped, %s timed out, %s not run\n' "$accel" \
-        "$(for t in "${tests[@]}"; do verdict "$runs/$accel.log" "$t"; done | grep -c '^PASS' || true)" \
-        "$(for t in "${tests[@]}"; do verdict "$runs/$accel.log" "$t"; done | grep -c '^FAIL' || true)" \
-        "$(for t in "${tests[@]}"; do verdict "$runs/$accel.log" "$t"; done | grep -c '^SKIP' || true)" \
-        "$(for t in "${tests[@]}"; do verdict "$runs/$accel.log" "$t"; done | grep -c '^TIMEOUT' || true)" \
-        "$(for t in "${tests[@]}"; do verdict "$runs/$accel.log" "$t"; done | grep -c '^not run' || true)"
+        "$(count PASS)" "$(count FAIL)" "$(count SKIP)" "$(count TIMEOUT)" "$(count 'not run')"
 done
 if [ -n "${KST_JUNIT:-}" ]; then
     {
