@@ -1168,7 +1168,7 @@ const _: () = {
     assert!(header::RUSTKVM_EV_MEM_USER == 4 && header::RUSTKVM_EV_MEM_KERNEL == 5);
     assert!(header::RUSTKVM_EV_LOADS_USER == 6 && header::RUSTKVM_EV_STORES_USER == 8);
     assert!(header::RUSTKVM_EV_EXC_USER == 10 && header::RUSTKVM_EV_COUNT == 12);
-    assert!(header::RUSTKVM_ACTIVE_MEM == crate::arm::vcpu::ACTIVE_MEM);
+    assert!(header::RUSTKVM_ACTIVE_MEM == crate::x86::pmu::ACTIVE_MEM);
     assert!(header::RUSTKVM_ACTIVE_EXC == crate::arm::vcpu::ACTIVE_EXC);
     assert!(header::RUSTKVM_PMU_NONE == crate::x86::vcpu::PMU_NONE);
     assert!(header::RUSTKVM_PMU_INTEL == crate::x86::vcpu::PMU_INTEL);

@@ -18,12 +18,12 @@ use crate::machine::Shared;
 use crate::vcpu::{bump, CountingPtr, LocalCell, PmuClock, Route, Unhalted, Vcpu};
 use crate::x86::pmu::Counting;
 
-/// `RustkvmCounting.active` (arm64): a counter counts instructions,
-/// branches or memory events; the engine translates counting blocks.
-pub const ACTIVE_RETIRED: u32 = 1;
-/// ... a counter counts memory events: blocks add their loads and stores.
-pub const ACTIVE_MEM: u32 = 2;
-/// ... a counter counts exceptions taken: QEMU adds each and calls back.
+/// `RustkvmCounting.active`, as on x86: a counter counts instructions,
+/// branches or memory events (the engine translates counting blocks); a
+/// counter counts memory events (blocks add their loads and stores).
+pub use crate::x86::pmu::{ACTIVE_MEM, ACTIVE_RETIRED};
+/// ... (arm64) a counter counts exceptions taken: QEMU adds each and calls
+/// back.
 pub const ACTIVE_EXC: u32 = 4;
 
 /// An arm64 vCPU's lock-free state (see [`LocalCell`]): the PMUv3.

@@ -140,6 +140,25 @@ pub enum Event {
     Cycles,
     /// Unhalted reference cycles (3CH/01H; fixed counter 2).
     RefCycles,
+    /// Memory instructions of the classes in the mask ([`mem`]): AMD's
+    /// LsDispatch (PMCx029, umask = the mask), Intel's
+    /// MEM_INST_RETIRED.ALL_LOADS / ALL_STORES (D0H/81H, D0H/82H).
+    Mem(u8),
+}
+
+/// [`Event::Mem`]'s classes: each memory instruction is in one, by the
+/// loads and stores its translation makes (docs/pmu.md, "Memory events").
+/// The bits are AMD's PMCx029 LsDispatch unit mask (PPR for AMD Family
+/// 17h, "Core::X86::Pmc::Core::LsDispatch").
+pub mod mem {
+    /// LdDispatch: it loads and does not store.
+    pub const LOAD: u8 = 1 << 0;
+    /// StDispatch: it stores and does not load.
+    pub const STORE: u8 = 1 << 1;
+    /// LdStDispatch: it loads and stores (load-op-store, an atomic).
+    pub const LOAD_STORE: u8 = 1 << 2;
+    /// Every class.
+    pub const ALL: u8 = LOAD | STORE | LOAD_STORE;
 }
 
 impl Event {
@@ -150,6 +169,10 @@ impl Event {
             (0xc4, 0x00) => Some(Event::Branches),
             (0x3c, 0x00) => Some(Event::Cycles),
             (0x3c, 0x01) => Some(Event::RefCycles),
+            // MEM_INST_RETIRED.ALL_LOADS, .ALL_STORES (SDM vol. 3B,
+            // Skylake and later; Linux's perf tables for Icelake-Server).
+            (0xd0, 0x81) => Some(Event::Mem(mem::LOAD | mem::LOAD_STORE)),
+            (0xd0, 0x82) => Some(Event::Mem(mem::STORE | mem::LOAD_STORE)),
             _ => None,
         }
     }
@@ -163,6 +186,9 @@ impl Event {
             (0xc0, 0x00) => Some(Event::Instructions),
             (0xc2, 0x00) => Some(Event::Branches),
             (0x76, 0x00) => Some(Event::Cycles),
+            // LsDispatch: the classes its unit mask names (bits 7:3 are
+            // reserved: such a select counts nothing, as an unknown one).
+            (0x29, m) if m != 0 && m & !u64::from(mem::ALL) == 0 => Some(Event::Mem(m as u8)),
             _ => None,
         }
     }
@@ -188,6 +214,12 @@ pub struct Events {
     pub cycles: u64,
     /// Unhalted reference cycles (guest TSC rate).
     pub ref_cycles: u64,
+    /// Instructions that load or store (or both), at CPL > 0 and at CPL 0.
+    pub mem: [u64; 2],
+    /// Of those, the ones that load.
+    pub loads: [u64; 2],
+    /// ... and the ones that store.
+    pub stores: [u64; 2],
 }
 
 /// Privilege filter: count at user level, at kernel level.
@@ -210,8 +242,32 @@ impl Events {
             Event::Branches => split(self.branches),
             Event::Cycles if f.usr || f.os => self.cycles,
             Event::RefCycles if f.usr || f.os => self.ref_cycles,
+            Event::Mem(m) => split(self.mem_classes(m)),
             _ => 0,
         }
+    }
+
+    /// The memory instructions of the classes in `m` ([`mem`]), at CPL > 0
+    /// and CPL 0. The totals count each memory instruction once, and again
+    /// among the loads and the stores as it does: loads only are the
+    /// memory instructions less the storing ones, and both are the loads
+    /// plus the stores less the memory instructions (wrapping: the totals
+    /// are monotonic, their differences exact modulo 2^64).
+    fn mem_classes(&self, m: u8) -> [u64; 2] {
+        let mut v = [0u64; 2];
+        for (k, v) in v.iter_mut().enumerate() {
+            let (all, ld, st) = (self.mem[k], self.loads[k], self.stores[k]);
+            if m & mem::LOAD != 0 {
+                *v = v.wrapping_add(all.wrapping_sub(st));
+            }
+            if m & mem::STORE != 0 {
+                *v = v.wrapping_add(all.wrapping_sub(ld));
+            }
+            if m & mem::LOAD_STORE != 0 {
+                *v = v.wrapping_add(ld.wrapping_add(st).wrapping_sub(all));
+            }
+        }
+        v
     }
 }
 
@@ -262,7 +318,7 @@ pub fn kvm_reads_as_zero(index: u32) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counting {
     /// Instructions retired at CPL > 0, at CPL 0; branches at CPL > 0,
-    /// CPL 0; (arm64) load/store instructions, loads, stores and
+    /// CPL 0; load/store instructions, loads, stores and (arm64)
     /// exceptions taken, each at EL0, EL1 (`RUSTKVM_EV_*`), as of the last
     /// [`Counting::arm`]: the instructions and branches since are in
     /// `acc` ([`Counting::totals`] adds them).
@@ -275,16 +331,16 @@ pub struct Counting {
     pub tb_insns: u32,
     /// The block being entered: its branch count (engine-owned).
     pub tb_branches: u32,
-    /// The block being entered: its load/store count (engine-owned, arm64).
+    /// The block being entered: its load/store count (engine-owned).
     pub tb_mem: u32,
-    /// The block being entered: its loads (engine-owned, arm64).
+    /// The block being entered: its loads (engine-owned).
     pub tb_loads: u32,
-    /// The block being entered: its stores (engine-owned, arm64).
+    /// The block being entered: its stores (engine-owned).
     pub tb_stores: u32,
     /// The block being entered: 1 if its events are privileged
     /// (engine-owned).
     pub tb_priv: u32,
-    /// What blocks do ([`ACTIVE_RETIRED`], [`ACTIVE_LBR`]): the engine
+    /// What blocks do ([`ACTIVE_RETIRED`], [`ACTIVE_MEM`], [`ACTIVE_LBR`]): the engine
     /// translates blocks that count, or report taken branches, only then.
     pub active: u32,
     /// Nonzero when a PMI is due (the engine delivers it and clears this).
@@ -321,6 +377,9 @@ pub const ACC_BUDGET_MAX: i64 = 1 << 30;
 /// [`Counting::active`]: blocks count instructions and branches
 /// (`RUSTKVM_ACTIVE_RETIRED`).
 pub const ACTIVE_RETIRED: u32 = 1;
+/// [`Counting::active`]: blocks add their loads and stores
+/// (`RUSTKVM_ACTIVE_MEM`; with [`ACTIVE_RETIRED`]).
+pub const ACTIVE_MEM: u32 = 2;
 /// [`Counting::active`]: blocks report taken branches to the LBR
 /// (`RUSTKVM_ACTIVE_LBR`).
 pub const ACTIVE_LBR: u32 = 8;
@@ -397,6 +456,9 @@ impl Counting {
             branches: [e[2], e[3]],
             cycles,
             ref_cycles: cycles,
+            mem: [e[4], e[5]],
+            loads: [e[6], e[7]],
+            stores: [e[8], e[9]],
         }
     }
 
@@ -409,7 +471,8 @@ impl Counting {
             ACTIVE_RETIRED
         } else {
             0
-        } | if lbr_recording { ACTIVE_LBR } else { 0 };
+        } | if pmu.counts_mem() { ACTIVE_MEM } else { 0 }
+            | if lbr_recording { ACTIVE_LBR } else { 0 };
         self.budget = pmu
             .until_overflow(ev)
             .map_or(i64::MAX, |n| i64::try_from(n).unwrap_or(i64::MAX));
@@ -716,6 +779,8 @@ struct Live {
     all: u64,
     retired: u64,
     cycles: u64,
+    /// Of `retired`, the counters of memory events.
+    mem: u64,
 }
 
 /// Counter index in GLOBAL_CTRL/STATUS bit order: GP i → i, fixed i → 32 + i.
@@ -773,6 +838,12 @@ impl Pmu {
         self.live.retired != 0
     }
 
+    /// Whether some counter counts memory instructions now (then the
+    /// accelerator's blocks must add their loads and stores).
+    pub fn counts_mem(&self) -> bool {
+        self.live.mem != 0
+    }
+
     /// Re-derive [`Live`] from the registers.
     fn refresh(&mut self) {
         self.refresh_some(u64::MAX);
@@ -786,10 +857,15 @@ impl Pmu {
             live.all &= !b;
             live.retired &= !b;
             live.cycles &= !b;
+            live.mem &= !b;
             if let Some(k) = self.counting(w) {
                 live.all |= b;
                 match k.event {
                     Event::Instructions | Event::Branches => live.retired |= b,
+                    Event::Mem(_) => {
+                        live.retired |= b;
+                        live.mem |= b;
+                    }
                     Event::Cycles | Event::RefCycles => live.cycles |= b,
                 }
             }
@@ -1104,10 +1180,11 @@ impl Pmu {
     }
 
     /// How many more instructions (counted as the instruction and branch
-    /// counters count them, an upper bound for both) may retire before a
-    /// counter with a PMI wraps; None if no such counter counts
-    /// instructions or branches. The accelerator stops there for a
-    /// zero-skid PMI.
+    /// counters count them, an upper bound for branches and memory
+    /// instructions too: each instruction is at most one of them) may
+    /// retire before a counter with a PMI wraps; None if no such counter
+    /// counts instructions, branches or memory instructions. The
+    /// accelerator stops there for a zero-skid PMI.
     pub fn until_overflow(&self, ev: &Events) -> Option<u64> {
         if self.live.retired == 0 {
             return None;
@@ -1116,8 +1193,11 @@ impl Pmu {
             .filter(|w| self.stops_at_overflow(*w))
             .filter_map(|w| {
                 let k = self.counting(w)?;
-                matches!(k.event, Event::Instructions | Event::Branches)
-                    .then(|| MASK + 1 - self.value(w, ev))
+                matches!(
+                    k.event,
+                    Event::Instructions | Event::Branches | Event::Mem(_)
+                )
+                .then(|| MASK + 1 - self.value(w, ev))
             })
             .min()
     }
@@ -1491,6 +1571,7 @@ mod tests {
             branches: [user / 4, kernel / 4],
             cycles: 3 * (user + kernel),
             ref_cycles: 2 * (user + kernel),
+            ..Events::default()
         }
     }
 
@@ -1913,6 +1994,80 @@ mod tests {
         assert_eq!(p.until_overflow(&e1), None, "no instruction budget for it");
         let e2 = ev(400, 0);
         assert_eq!(p.sync(&e2), 1 << 33, "wrapped: its PMI");
+    }
+
+    /// Memory totals: `mem` instructions, of which `loads` load and
+    /// `stores` store, at CPL > 0 and CPL 0.
+    fn mem_ev(mem: [u64; 2], loads: [u64; 2], stores: [u64; 2]) -> Events {
+        Events {
+            mem,
+            loads,
+            stores,
+            ..ev(1000, 1000)
+        }
+    }
+
+    #[test]
+    fn ls_dispatch_and_mem_inst_retired_count_each_memory_class() {
+        // Decoding: AMD PMCx029's unit mask is the classes; none, or a
+        // reserved bit, counts nothing. Intel's D0H 81H/82H.
+        let amd = |umask: u64| Event::from_amd_evtsel(0x29 | umask << 8);
+        assert_eq!(amd(1), Some(Event::Mem(mem::LOAD)));
+        assert_eq!(amd(7), Some(Event::Mem(mem::ALL)));
+        assert_eq!(amd(0), None);
+        assert_eq!(amd(9), None, "bit 3 is reserved");
+        assert_eq!(
+            Event::from_evtsel(0xd0 | 0x81 << 8),
+            Some(Event::Mem(mem::LOAD | mem::LOAD_STORE))
+        );
+        assert_eq!(
+            Event::from_evtsel(0xd0 | 0x82 << 8),
+            Some(Event::Mem(mem::STORE | mem::LOAD_STORE))
+        );
+        assert_eq!(Event::from_amd_evtsel(0xd0 | 0x81 << 8), None);
+        // 10 memory instructions at CPL 3: 7 load, 5 store, so 2 do both,
+        // 5 only load, 3 only store; at CPL 0, 4: 1 loads, 3 store.
+        let e0 = mem_ev([0; 2], [0; 2], [0; 2]);
+        let e1 = mem_ev([10, 4], [7, 1], [3 + 2, 3]);
+        let f = |usr, os| Filter { usr, os };
+        for (m, usr, os) in [
+            (mem::LOAD, 5, 1),
+            (mem::STORE, 3, 3),
+            (mem::LOAD_STORE, 2, 0),
+            (mem::ALL, 10, 4),
+            (mem::LOAD | mem::LOAD_STORE, 7, 1),
+        ] {
+            let d = |f| {
+                e1.total(Event::Mem(m), f)
+                    .wrapping_sub(e0.total(Event::Mem(m), f))
+            };
+            assert_eq!((d(f(true, false)), d(f(false, true))), (usr, os), "{m:#x}");
+        }
+        // A counter of them makes blocks add loads and stores, and bounds
+        // the PMI budget as instructions do (one class per instruction).
+        let mut p = Pmu::new(PmuConfig::amd(true, false, 0));
+        let mut c = Counting::default();
+        p.write_msr(
+            0xc001_0200,
+            evtsel::EN | evtsel::USR | evtsel::INT | 0x29 | 2 << 8,
+            &e0,
+        )
+        .unwrap();
+        p.write_msr(0xc001_0201, MASK - 99, &e0).unwrap();
+        assert!(p.counts_retired() && p.counts_mem());
+        c.publish(&p, &e0, 0, false);
+        assert_eq!((c.active, c.budget), (ACTIVE_RETIRED | ACTIVE_MEM, 100));
+        assert_eq!(
+            p.read_msr(0xc001_0201, &e1),
+            Some(MASK - 99 + 3),
+            "stores only, CPL 3"
+        );
+        // Without it, blocks add none.
+        p.write_msr(0xc001_0200, evtsel::EN | evtsel::USR | 0xc0, &e1)
+            .unwrap();
+        c.publish(&p, &e1, 0, false);
+        assert!(!p.counts_mem());
+        assert_eq!(c.active, ACTIVE_RETIRED);
     }
 
     #[test]

@@ -151,6 +151,71 @@ pub fn branch_loop(start: (u32, u64), stop: u32, n: u64) -> u64 {
     head
 }
 
+/// Start counting, then n times a store (`mov [buf], r9d`), a load (`mov
+/// r9d, [buf]`), a load-op-store (`add dword ptr [buf], 1`) and a `dec r8;
+/// jnz`, then stop: n instructions of each memory class, 5n + 5
+/// instructions. Returns the final value of `*buf` (n + the value stored).
+pub fn mem_loop(start: (u32, u64), stop: u32, n: u64) -> u32 {
+    let mut buf: u32 = 0;
+    // SAFETY: as counted_loop; the loop accesses only `buf`, a live local.
+    unsafe {
+        asm!(
+            "wrmsr",
+            "mov r8, {n}",
+            "2:",
+            "mov dword ptr [{buf}], r9d",
+            "mov r9d, dword ptr [{buf}]",
+            "add dword ptr [{buf}], 1",
+            "dec r8",
+            "jnz 2b",
+            "mov ecx, {stop:e}",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            n = in(reg) n,
+            stop = in(reg) stop,
+            buf = in(reg) &mut buf as *mut u32,
+            inout("ecx") start.0 => _,
+            inout("eax") start.1 as u32 => _,
+            inout("edx") (start.1 >> 32) as u32 => _,
+            out("r8") _,
+            inout("r9") 7u64 => _,
+            options(nostack),
+        );
+    }
+    buf
+}
+
+/// Start counting, then `rep stosb` of n bytes into `buf` (a string
+/// instruction: one instruction retired however many iterations), then
+/// stop. Returns how many bytes were stored (n: RCX counted down to 0).
+pub fn rep_stos(start: (u32, u64), stop: u32, buf: &mut [u8]) -> usize {
+    let left: usize;
+    // SAFETY: as counted_loop; the string store writes exactly `buf`
+    // (RDI = its start, RCX = its length, DF clear as the ABI keeps it).
+    unsafe {
+        asm!(
+            "wrmsr",
+            "mov rcx, {n}",
+            "rep stosb",
+            "mov r8, rcx",
+            "mov ecx, {stop:e}",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            n = in(reg) buf.len(),
+            stop = in(reg) stop,
+            inout("rdi") buf.as_mut_ptr() => _,
+            inout("ecx") start.0 => _,
+            inout("eax") start.1 as u32 => _,
+            inout("edx") (start.1 >> 32) as u32 => _,
+            out("r8") left,
+            options(nostack),
+        );
+    }
+    buf.len() - left
+}
+
 /// IA32_PERF_CAPABILITIES and its LBR_FMT field.
 pub const PERF_CAPABILITIES: u32 = 0x345;
 /// See [`PERF_CAPABILITIES`].

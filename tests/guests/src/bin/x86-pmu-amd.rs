@@ -10,7 +10,8 @@
 //! §13.2; Linux `arch/x86/kvm/svm/pmu.c`, `pmu.c`), counted exactly: the
 //! legacy K7 MSRs and, with PerfCtrExtCore, the interleaved 0xC0010200 ones
 //! aliasing them; retired instructions (C0H) and branches (C2H) of known
-//! code; RDPMC 0..N-1 and #GP beyond; event-select reserved bits dropped,
+//! code, and its loads, stores and load-op-stores (LsDispatch, 29H, each
+//! unit mask bit and together: rustkvm's memory classes); RDPMC 0..N-1 and #GP beyond; event-select reserved bits dropped,
 //! not faulting (HostOnly/GuestOnly too under KVM; under rustkvm a vCPU with
 //! SVM keeps them and they count as on the hardware); with PerfMonV2 the global control
 //! gating counting and the status registers as KVM's `kvm_pmu_set_msr`
@@ -36,7 +37,8 @@ fn main(t: &mut Test) {
 mod amd {
     use guest::arch::{self, lapic_reg, nmis, set_lapic_reg, GP_VECTOR};
     use guest::x86_pmu::{
-        counted_loop, nop_sled, rd, wr, EN, INT, LVTPC, LVT_MASKED, LVT_NMI, OS, SVR, USR,
+        counted_loop, mem_loop, nop_sled, rd, rep_stos, wr, EN, INT, LVTPC, LVT_MASKED, LVT_NMI,
+        OS, SVR, USR,
     };
     use guest::{Test, Tolerance};
     /// How far past the overflowing instruction a PMI may land on hardware
@@ -53,6 +55,9 @@ mod amd {
     /// Retired instructions, retired branch instructions.
     const INSNS: u64 = 0xc0;
     const BRANCHES: u64 = 0xc2;
+    /// LsDispatch (PMCx029): its unit mask bit 0 loads, 1 stores, 2
+    /// load-op-stores (PPR for AMD Family 17h).
+    const LS_DISPATCH: u64 = 0x29;
     /// GuestOnly (bit 40), HostOnly (41): dropped by KVM for its guests,
     /// kept and honoured by rustkvm for a vCPU with SVM.
     const GUEST_ONLY: u64 = 1 << 40;
@@ -145,6 +150,49 @@ mod amd {
                 );
             }
         }
+        // LsDispatch of known code: n stores, n loads, n load-op-stores,
+        // each class by its unit mask and together (a deterministic model
+        // in emulation, docs/pmu.md; hardware counts speculative dispatches
+        // too, and the surrounding code's).
+        for iters in [1u64, 1000] {
+            for (name, umask, per) in [
+                ("ls-dispatch.loads", 1u64, 1),
+                ("ls-dispatch.stores", 2, 1),
+                ("ls-dispatch.load-op-stores", 4, 1),
+                ("ls-dispatch.all", 7, 3),
+                ("ls-dispatch.loads-and-stores", 3, 2),
+            ] {
+                let sel = EN | OS | USR | LS_DISPATCH | umask << 8;
+                let start = pmu.starter(1, sel);
+                wr(pmu.ctr(1), 0);
+                let buf = mem_loop(start, start.0, iters);
+                t.eq("ls-dispatch.buf", (iters, buf), (iters, 7 + 1));
+                t.count(
+                    name,
+                    rd(pmu.ctr(1)),
+                    per * iters,
+                    Tolerance { hardware: 64 },
+                );
+            }
+        }
+        // A REP string instruction is one memory instruction, when it
+        // retires, however many iterations ran and however often its
+        // block was left between them (every iteration under icount).
+        let mut buf = [0u8; 4096];
+        let sel = EN | OS | USR | LS_DISPATCH | 7 << 8;
+        let start = pmu.starter(1, sel);
+        wr(pmu.ctr(1), 0);
+        t.eq(
+            "ls-dispatch.rep-stos.stored",
+            rep_stos(start, start.0, &mut buf),
+            4096,
+        );
+        t.count(
+            "ls-dispatch.rep-stos",
+            rd(pmu.ctr(1)),
+            1,
+            Tolerance { hardware: 1 << 20 },
+        );
         // The K7 MSRs alias counters 0-3; RDPMC reads counters 0..N-1.
         wr(pmu.ctr(1), 0x1234_5678_9abc);
         t.eq("k7-alias.counter", rd(K7_PERFCTR0 + 1), 0x1234_5678_9abc);
