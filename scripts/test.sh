@@ -26,6 +26,8 @@ other_built=1
 env -u RUSTKVM_QEMU_SRC -u RUSTKVM_QEMU_BUILD RUSTKVM_QEMU_HOST=aarch64 bash "$RUSTKVM_ROOT/scripts/build-qemu.sh"
 bash "$RUSTKVM_ROOT/scripts/build-guests.sh"
 bash "$RUSTKVM_ROOT/scripts/build-linux-guests.sh"
+# Linux's KVM selftests, both architectures (tests/tests/kvm_selftests.rs).
+bash "$RUSTKVM_ROOT/scripts/build-kvm-selftests.sh" >/dev/null
 cd "$RUSTKVM_ROOT"
 
 step "cargo fmt --check"

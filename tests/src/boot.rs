@@ -195,6 +195,8 @@ pub struct BootSpec {
     /// Boot it as a hypervisor ([`Images::hypervisor`]: on arm64 at EL2
     /// with a GICv3), for KVM in it (`--hypervisor`).
     pub hypervisor: bool,
+    /// More kernel command line, after the harness's own (`--append`).
+    pub append: String,
 }
 
 /// Where `modules` puts its `lib/modules` directory in the guest.
@@ -322,7 +324,11 @@ pub fn boot(config: Config, spec: &BootSpec, initrd: &Path, timeout: Duration) -
         initrd: initrd.to_path_buf(),
         // Room for the packages' files, which live in the initramfs.
         mem_mib: if spec.packages.is_empty() { 512 } else { 2048 },
-        append: " rustkvm.run=1".into(),
+        append: if spec.append.is_empty() {
+            " rustkvm.run=1".into()
+        } else {
+            format!(" rustkvm.run=1 {}", spec.append)
+        },
         hypervisor: spec.hypervisor,
     };
     let linux = linux::run_images(config, timeout, Some(&images));

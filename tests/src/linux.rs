@@ -70,6 +70,10 @@ pub enum PmuModel {
     Intel,
     /// `-cpu EPYC,pmu=on`: AMD's four legacy counters only.
     Epyc,
+    /// `-cpu EPYC,perfmon-v2=on,pmu=on`: family 17h (the Zen family KVM's
+    /// `pmu_event_filter_test` knows) with PerfMonV2's six counters and
+    /// global registers.
+    EpycV2,
     /// `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on`: a model Linux's
     /// Intel PMU driver knows, so it uses the LBR and precise PEBS (QEMU's
     /// model has no PDCM, so no PERF_CAPABILITIES, nor DS and DTES64, so no
@@ -84,6 +88,7 @@ impl PmuModel {
             PmuModel::Default => "default",
             PmuModel::Intel => "intel",
             PmuModel::Epyc => "epyc",
+            PmuModel::EpycV2 => "epyc-v2",
             PmuModel::Icelake => "icelake",
         }
     }
@@ -366,6 +371,9 @@ pub fn command_args_for(config: Config, images: &Images) -> Vec<String> {
             ("pc", "max,vendor=GenuineIntel,pmu=on", "ttyS0")
         }
         (Arch::X86_64, _) if config.pmu == PmuModel::Epyc => ("pc", "EPYC,pmu=on", "ttyS0"),
+        (Arch::X86_64, _) if config.pmu == PmuModel::EpycV2 => {
+            ("pc", "EPYC,perfmon-v2=on,pmu=on", "ttyS0")
+        }
         (Arch::X86_64, _) if config.pmu == PmuModel::Icelake => (
             "pc",
             "Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on",
@@ -1555,6 +1563,14 @@ mod tests {
         assert!(command_args(c, k, k)
             .join(" ")
             .contains("-cpu EPYC,pmu=on -accel"));
+        let c = Config {
+            pmu: PmuModel::EpycV2,
+            ..c
+        };
+        assert!(command_args(c, k, k)
+            .join(" ")
+            .contains("-cpu EPYC,perfmon-v2=on,pmu=on -accel"));
+        assert_eq!(c.label(), "x86_64/rustkvm,thread=single,pmu=epyc-v2/smp2");
         let c = Config {
             pmu: PmuModel::Default,
             single_thread: false,

@@ -647,6 +647,7 @@ fn run_in(
         packages: Vec::new(),
         run: script(&modules, &commands),
         hypervisor: true,
+        append: String::new(),
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
     let config = Config::new(arch, Backend::Rustkvm, 2);

@@ -2,21 +2,23 @@
 //! initramfs on each configuration and print what the guest saw, side by side.
 //!
 //! ```text
-//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]...
+//! rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|epyc-v2|icelake]]... [--smp N]...
 //!               [--icount] [--taskset CPU] [--busy AMOUNT[,perf]]
 //!               [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested]
 //!               [--differential]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
 //!               [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor]
-//!               [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
+//!               [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
 //! ```
 //! With `--kernel`: boot that kernel (its architecture read from the image,
 //! or `--arch`) with a userland of busybox, the probe and the Debian
 //! `--packages` for its architecture (`scripts/build-userland.sh`), the
 //! `--initrd`, `--modules` (a `modules_install` tree) and `--add`ed files
 //! on top (DEST defaults to /root/NAME), and run CMD as root after the
-//! probe. `--hypervisor` boots it as a hypervisor, for KVM in it (arm64:
-//! `virt,virtualization=on,gic-version=3`, EL2; x86's `-cpu max` has SVM). Prints, per configuration, CMD's output and exit status, then
+//! probe; `--append` adds to the kernel's command line (repeatable).
+//! `--hypervisor` boots it as a hypervisor, for KVM in it (arm64:
+//! `virt,virtualization=on,gic-version=3`, EL2; x86's `-cpu max` has
+//! SVM). Prints, per configuration, CMD's output and exit status, then
 //! the probe's table. CMD is expected to exit 0 everywhere unless
 //! `--expect PATTERN=fail` says otherwise for the configurations whose
 //! label, or backend part of it (`tcg`, `rustkvm,thread=single`), is
@@ -32,6 +34,7 @@
 //! x86 guests run `-cpu max` (AMD's PMU with PerfMonV2 under rustkvm);
 //! `,pmu=intel`: an Intel-vendor CPU with `pmu=on` (the architectural PMU);
 //! `,pmu=epyc`: `-cpu EPYC,pmu=on` (AMD's four legacy counters);
+//! `,pmu=epyc-v2`: `-cpu EPYC,perfmon-v2=on,pmu=on` (and PerfMonV2's);
 //! `,pmu=icelake`: `-cpu Icelake-Server,pdcm=on,ds=on,dtes64=on,pmu=on` (a model whose LBR and PEBS
 //! Linux's driver uses). Only x86
 //! configurations take it. `,icount`: `-icount shift=0,sleep=off` (VM time
@@ -133,6 +136,7 @@ fn parse() -> Result<Args, HarnessError> {
                         "pmu=intel" => pmu = PmuModel::Intel,
                         "pmu=icelake" => pmu = PmuModel::Icelake,
                         "pmu=epyc" => pmu = PmuModel::Epyc,
+                        "pmu=epyc-v2" => pmu = PmuModel::EpycV2,
                         _ => return Err(usage(format!("--backend {v}: unknown option {opt}"))),
                     }
                 }
@@ -208,6 +212,13 @@ fn parse() -> Result<Args, HarnessError> {
             ),
             "--run" => spec.run = value("--run")?,
             "--hypervisor" => spec.hypervisor = true,
+            "--append" => {
+                let v = value("--append")?;
+                if !spec.append.is_empty() {
+                    spec.append.push(' ');
+                }
+                spec.append += &v;
+            }
             "--expect" => {
                 let v = value("--expect")?;
                 let (pattern, what) = v
@@ -233,7 +244,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested] [--differential]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n  --differential: rustkvm and kvm row by row; fails on a difference outside the declared host-dependent rows\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|epyc-v2|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested] [--differential]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n  --differential: rustkvm and kvm row by row; fails on a difference outside the declared host-dependent rows\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -278,10 +289,12 @@ fn parse() -> Result<Args, HarnessError> {
         || spec.modules.is_some()
         || !spec.add.is_empty()
         || !spec.packages.is_empty()
+        || !spec.append.is_empty()
         || !a.expect.is_empty()
     {
         return Err(usage(
-            "--run, --initrd, --modules, --add, --packages and --expect go with --kernel".into(),
+            "--run, --initrd, --modules, --add, --packages, --append and --expect go with --kernel"
+                .into(),
         ));
     }
     if a.nested {
