@@ -66,29 +66,11 @@ linux_bin="$RUSTKVM_ROOT/target/debug/rustkvm-linux"
 runs=${KST_LOGS:-$RUSTKVM_CACHE/kvm-selftests/runs/$(date +%Y%m%d-%H%M%S)-$arch}
 mkdir -p "$runs"
 
-# The L1's KVM: built into Debian's arm64 kernel; on x86 kvm_amd and what
-# it needs (modules.dep), decompressed (insmod of a .ko takes a second in a
-# TCG-run L1, modprobe of the .ko.xz minutes), loaded in order.
-load=
+# The L1's KVM: rustkvm-linux --kvm-modules loads x86's kvm_amd and what it
+# needs (arm64's is built in).
 add=(--add "$dir/bin:/root/kst")
-if [ "$arch" = x86_64 ]; then
-    moddir=$(ls -d "$L"/kernel/lib/modules/*/ | head -n1)
-    dep=$(grep '^kernel/arch/x86/kvm/kvm-amd.ko.xz:' "$moddir/modules.dep") \
-        || die "no kvm-amd in $moddir/modules.dep"
-    mods="$runs/mods"
-    mkdir -p "$mods"
-    i=0
-    for m in $(echo "${dep#*:}" | tr ' ' '\n' | tac) kernel/arch/x86/kvm/kvm-amd.ko.xz; do
-        [ -n "$m" ] || continue
-        xz -dc "$moddir/$m" >"$mods/$i.ko" || die "xz -dc $m failed"
-        load+="insmod /root/mods/$i.ko || echo 'KST-L1 insmod $(basename "$m") failed'; "
-        i=$((i + 1))
-    done
-    add+=(--add "$mods:/root/mods")
-fi
-
 # In the L1: each selftest with its limit, its output, then one result line.
-run="$load"'[ -c /dev/kvm ] || echo "KST-L1 no /dev/kvm"; cd /root/kst; '
+run='[ -c /dev/kvm ] || echo "KST-L1 no /dev/kvm"; cd /root/kst; '
 run+="for t in ${tests[*]}; do echo \"KST-BEGIN \$t\"; timeout $per ./\$t >/tmp/kst.out 2>&1; rc=\$?; tail -n 40 /tmp/kst.out; echo \"KST-END \$t rc=\$rc\"; done"
 budget=$(( ${#tests[@]} * (per + 5) + 600 ))
 append=()
@@ -102,7 +84,7 @@ for accel in "${accels[@]}"; do
         continue
     fi
     step "$arch L1 on $accel: ${#tests[@]} selftests (at most ${per} s each)"
-    "$linux_bin" --kernel "$kernel" --arch "$arch" --backend "$accel" --hypervisor \
+    "$linux_bin" --kernel "$kernel" --arch "$arch" --backend "$accel" --hypervisor --kvm-modules \
         "${append[@]}" "${add[@]}" --run "$run" --timeout "$budget" >"$log" 2>&1 || true
     grep -q 'KST-L1 no /dev/kvm' "$log" && die "$accel: the L1 has no /dev/kvm (log: $log)"
     grep -q '^KST-END ' "$log" || die "$accel: the L1 ran no selftest (log: $log)"

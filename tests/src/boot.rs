@@ -197,6 +197,10 @@ pub struct BootSpec {
     pub hypervisor: bool,
     /// More kernel command line, after the harness's own (`--append`).
     pub append: String,
+    /// Load the project's L1 kernel's KVM modules before `run`
+    /// (`--kvm-modules`: x86's kvm_amd and what it needs, decompressed;
+    /// nothing on arm64, whose KVM is built in).
+    pub kvm_modules: bool,
 }
 
 /// Where `modules` puts its `lib/modules` directory in the guest.
@@ -248,11 +252,18 @@ pub fn initramfs(spec: &BootSpec, arch: Arch, dir: &Path) -> Result<PathBuf, Har
             .trim(),
     );
     let mut overlay = Cpio::default();
-    overlay.file(
-        "/rustkvm/run.sh",
-        0o755,
-        format!("{}\n", spec.run).as_bytes(),
-    );
+    let mut run = String::new();
+    if spec.kvm_modules {
+        let mods = dir.join("kvm-modules");
+        for m in crate::nested::kvm_modules(arch, &mods)? {
+            run += &format!("insmod {m} || echo 'rustkvm-linux: insmod {m} failed'\n");
+        }
+        if mods.is_dir() {
+            overlay.tree(&mods, crate::nested::KVM_MODULES_DEST)?;
+        }
+    }
+    run += &spec.run;
+    overlay.file("/rustkvm/run.sh", 0o755, format!("{run}\n").as_bytes());
     if let Some(m) = &spec.modules {
         let (src, dest) = modules_dest(m)?;
         overlay.tree(&src, &dest)?;

@@ -216,6 +216,29 @@ pub fn load_order(modules_dep: &str, module: &str) -> Option<Vec<String>> {
     Some(order)
 }
 
+/// What gives the L1 kernel (`scripts/build-linux-guests.sh`'s) of `arch`
+/// its `/dev/kvm`: on x86 kvm_amd and the modules it needs (modules.dep),
+/// decompressed into `out` (`insmod` of a `.ko` takes a second in a
+/// TCG-run L1, `modprobe` of the `.ko.xz` minutes), their paths in the L1
+/// (`/root/nested/mods/N.ko`) in load order; none on arm64 (built in).
+/// The directory `out` goes to `/root/nested/mods`.
+pub fn kvm_modules(arch: Arch, out: &Path) -> Result<Vec<String>, HarnessError> {
+    let Some(module) = l1_parts(arch).kvm_module else {
+        return Ok(Vec::new());
+    };
+    let mdir = modules_dir(arch)?;
+    let dep = std::fs::read_to_string(mdir.join("modules.dep")).map_err(io(format!(
+        "reading {}",
+        mdir.join("modules.dep").display()
+    )))?;
+    let order = load_order(&dep, module)
+        .ok_or_else(|| usage(format!("{module} is not in {}", mdir.display())))?;
+    decompress_modules(&mdir, &order, out)
+}
+
+/// The guest directory [`kvm_modules`]' `out` goes to.
+pub const KVM_MODULES_DEST: &str = "/root/nested/mods";
+
 /// Decompress `modules` (paths in `dir`, `.ko.xz`) into `out`, named
 /// `N.ko` in load order; their guest paths.
 fn decompress_modules(
@@ -238,7 +261,7 @@ fn decompress_modules(
         let name = format!("{i}.ko");
         std::fs::write(out.join(&name), &data.stdout)
             .map_err(io(format!("writing {}", out.join(&name).display())))?;
-        names.push(format!("{L1_ROOT}/mods/{name}"));
+        names.push(format!("{KVM_MODULES_DEST}/{name}"));
     }
     Ok(names)
 }
@@ -587,17 +610,9 @@ fn run_in(
             .unwrap_or_default();
         add.push((p, format!("{L1_ROOT}/fw/{name}")));
     }
-    let mut modules = Vec::new();
-    if let Some(module) = parts.kvm_module {
-        let mdir = modules_dir(arch)?;
-        let dep = std::fs::read_to_string(mdir.join("modules.dep")).map_err(io(format!(
-            "reading {}",
-            mdir.join("modules.dep").display()
-        )))?;
-        let order = load_order(&dep, module)
-            .ok_or_else(|| usage(format!("{module} is not in {}", mdir.display())))?;
-        modules = decompress_modules(&mdir, &order, &dir.join("mods"))?;
-        add.push((dir.join("mods"), format!("{L1_ROOT}/mods")));
+    let modules = kvm_modules(arch, &dir.join("mods"))?;
+    if !modules.is_empty() {
+        add.push((dir.join("mods"), KVM_MODULES_DEST.into()));
     }
     let mut jobs = Vec::new();
     let mut added = std::collections::BTreeSet::new();
@@ -648,6 +663,7 @@ fn run_in(
         run: script(&modules, &commands),
         hypervisor: true,
         append: String::new(),
+        kvm_modules: false,
     };
     let initrd = boot::initramfs(&spec, arch, dir)?;
     let config = Config::new(arch, Backend::Rustkvm, 2);

@@ -8,14 +8,16 @@
 //!               [--differential]
 //! rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR]
 //!               [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor]
-//!               [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
+//!               [--kvm-modules] [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... ...
 //! ```
 //! With `--kernel`: boot that kernel (its architecture read from the image,
 //! or `--arch`) with a userland of busybox, the probe and the Debian
 //! `--packages` for its architecture (`scripts/build-userland.sh`), the
 //! `--initrd`, `--modules` (a `modules_install` tree) and `--add`ed files
 //! on top (DEST defaults to /root/NAME), and run CMD as root after the
-//! probe; `--append` adds to the kernel's command line (repeatable).
+//! probe; `--append` adds to the kernel's command line (repeatable);
+//! `--kvm-modules` loads the project's L1 kernel's KVM modules first
+//! (x86: kvm_amd and its dependencies; arm64's KVM is built in).
 //! `--hypervisor` boots it as a hypervisor, for KVM in it (arm64:
 //! `virt,virtualization=on,gic-version=3`, EL2; x86's `-cpu max` has
 //! SVM). Prints, per configuration, CMD's output and exit status, then
@@ -212,6 +214,7 @@ fn parse() -> Result<Args, HarnessError> {
             ),
             "--run" => spec.run = value("--run")?,
             "--hypervisor" => spec.hypervisor = true,
+            "--kvm-modules" => spec.kvm_modules = true,
             "--append" => {
                 let v = value("--append")?;
                 if !spec.append.is_empty() {
@@ -244,7 +247,7 @@ fn parse() -> Result<Args, HarnessError> {
                 a.junit = Some(v.into());
             }
             "-h" | "--help" => {
-                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|epyc-v2|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested] [--differential]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n  --differential: rustkvm and kvm row by row; fails on a difference outside the declared host-dependent rows\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
+                println!("usage: rustkvm-linux [--arch A]... [--backend B[,thread=single|icount][,pmu=intel|epyc|epyc-v2|icelake]]... [--smp N]... [--icount] [--taskset CPU] [--busy AMOUNT[,perf]] [--timeout S] [--shard i/n] [--junit FILE] [--json] [--nested] [--differential]\n  --nested: the kvm backend on real KVM (kvm_amd, KVM/arm64) inside one rustkvm L1 per architecture\n  --differential: rustkvm and kvm row by row; fails on a difference outside the declared host-dependent rows\n       rustkvm-linux --kernel PATH --run CMD [--initrd PATH] [--modules DIR] [--add SRC[:DEST]]... [--packages P[,P]...] [--hypervisor] [--kvm-modules] [--append ARGS] [--expect PATTERN=pass|fail]... [--arch A] [--backend B]... (see the source's header or docs/boot.md)");
                 std::process::exit(0);
             }
             other => return Err(usage(format!("unknown argument {other}"))),
@@ -290,10 +293,11 @@ fn parse() -> Result<Args, HarnessError> {
         || !spec.add.is_empty()
         || !spec.packages.is_empty()
         || !spec.append.is_empty()
+        || spec.kvm_modules
         || !a.expect.is_empty()
     {
         return Err(usage(
-            "--run, --initrd, --modules, --add, --packages, --append and --expect go with --kernel"
+            "--run, --initrd, --modules, --add, --packages, --append, --kvm-modules and --expect go with --kernel"
                 .into(),
         ));
     }
